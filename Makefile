@@ -1,0 +1,47 @@
+# hprune: `make help` lists the targets.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv and install hprune, torch and fairseq (once; re-run when setup.cfg changes)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip "setuptools>=64" wheel
+	# torch first, pinned: nothing else may bring another build of it
+	$(PIP) install -q torch==2.13.0 numpy cython
+	# fairseq-fixed declares torchaudio (another torch); its real needs are in setup.cfg
+	$(PIP) install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
+	$(PIP) install -q --no-build-isolation -e '.[test]'
+	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+demo: install ## train the tiny model on the synthetic task, evaluate it, print BLEU
+	rm -rf outputs/demo
+	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
+	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
+
+test: install ## run the test suite (without tests marked slow)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-full: install ## run every test, slow ones included
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install ## benchmarks: ratios measured side by side (scripts/bench/)
+	@for script in scripts/bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+
+lint: install ## static checks
+	$(VENV)/bin/ruff check cli src tests scripts
+
+clean: ## remove the venv, build files and run outputs (not the data cache)
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info outputs multirun .pytest_cache
+
+.PHONY: help install demo test test-full bench lint clean

@@ -1,0 +1,61 @@
+"""Check a command line's overrides before Hydra runs it, to answer a mistake with one line and its fix."""
+from __future__ import annotations
+
+from typing import Optional
+
+_FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
+                     "--package", "-p", "--info", "-i"}
+
+
+def _overrides(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _FLAGS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            out.append(arg)
+    return out
+
+
+def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
+    """None if Hydra will accept the overrides, else a one-line message naming the problem and the fix."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = _overrides(args)
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except OverrideParseException as err:
+            reason = str(err).strip().splitlines()[0]
+            return (f"malformed override '{override}' ({reason}); "
+                    "write key=value, group=option, +new_key=value, or a sweep key=a,b with -m")
+    parsed = parser.parse_overrides(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            for override in parsed:
+                options = sorted(loader.get_group_options(override.key_or_group))
+                if not options or override.is_delete():
+                    continue  # a plain key: compose checks it below
+                values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+                for value in values:
+                    if value is not None and str(value) not in options:
+                        return f"unknown {override.key_or_group} '{value}'; choose one of: {', '.join(options)}"
+            if any(o.is_sweep_override() for o in parsed):
+                return None  # Hydra composes each job of a sweep itself
+            try:
+                compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+            except (HydraException, OmegaConfBaseException) as err:
+                reason = str(err).strip().splitlines()[0]
+                return f"{reason} (`hprune {config_name} --help` lists the config groups and keys)"
+    finally:
+        GlobalHydra.instance().clear()
+    return None

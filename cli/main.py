@@ -1,0 +1,71 @@
+"""hprune <verb> [hydra overrides] [-m]
+
+Pops the verb, checks the overrides (one clear line on a mistake), then hands the rest of the command line to
+that verb's Hydra app, so `-m`, `--cfg job`, `--help` and launchers work as in any Hydra program.
+Nothing heavy is imported before a verb is chosen.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# verb -> (runner module, primary config, one-line help)
+VERBS = {
+    "train": ("hprune.runner.train", "train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
+    "eval": ("hprune.runner.evaluate", "eval", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
+    "data": ("hprune.runner.data", "data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
+}
+NOT_BUILT = {
+    "prune": "head pruning (Michel et al., Voita et al.)",
+    "analyze": "head-role analysis",
+    "report": "result tables and plots over runs",
+}
+POSITIONAL = {"data": ("action", ("prepare",))}  # `hprune data prepare` -> action=prepare
+
+USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
+
+
+def _help() -> str:
+    lines = [USAGE, "", "verbs:"]
+    lines += [f"  {verb:<8} {desc}" for verb, (_, _, desc) in VERBS.items()]
+    lines += [f"  {verb:<8} (not built yet) {desc}" for verb, desc in NOT_BUILT.items()]
+    lines += ["", "`hprune <verb> --help` lists that verb's config groups and options.",
+              "Examples:  hprune train model=transformer_tiny optim.max_update=500",
+              "           hprune eval ckpt=outputs/train/<run>",
+              "           hprune train -m seed=1,2,3"]
+    return "\n".join(lines)
+
+
+def fail(verb: str, message: str) -> None:
+    print(f"hprune {verb}: error: {message}".replace("hprune : ", "hprune: "), file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_help())
+        return
+    verb, rest = argv[0], argv[1:]
+    if verb in NOT_BUILT:
+        fail("", f"`{verb}` ({NOT_BUILT[verb]}) is not built yet; see the README's roadmap")
+    if verb not in VERBS:
+        fail("", f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)} (see `hprune --help`)")
+    if verb in POSITIONAL and rest and not rest[0].startswith("-") and "=" not in rest[0]:
+        key, choices = POSITIONAL[verb]
+        if rest[0] not in choices:
+            fail(verb, f"unknown action '{rest[0]}'; choose one of: {', '.join(choices)}")
+        rest = [f"{key}={rest[0]}", *rest[1:]]
+    module, config_name, _ = VERBS[verb]
+    if not any(flag in rest for flag in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc")):
+        from hprune_cli.checks import check_overrides
+
+        problem = check_overrides(config_name, rest)
+        if problem:
+            fail(verb, problem)
+    sys.argv = [f"hprune {verb}", *rest]
+    importlib.import_module(module).main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""`hprune eval` sentences/s vs stock `fairseq-generate` on the same checkpoint and settings; BLEU must be equal.
+
+Both report beam-search time only (fairseq-generate's own timer), alternating stock/ours twice. Goal: >= 0.95.
+Uses outputs/demo (from `make demo`) when present, else trains a short model first.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from common import BIN, config, floats, prepared_data, run
+from sacrebleu.metrics import BLEU
+
+from hprune.backend import PLUGIN_DIR, generation_argv
+
+ROUNDS = 2
+
+
+def checkpoint(tmp: str) -> Path:
+    demo = Path("outputs/demo/checkpoints/checkpoint_best.pt")
+    if demo.exists():
+        return demo
+    run([str(BIN / "hprune"), "train", f"hydra.run.dir={tmp}/train", "optim.max_update=300", "device=cpu"])
+    return Path(tmp) / "train" / "checkpoints" / "checkpoint_best.pt"
+
+
+def main() -> None:
+    cfg = config("eval", ["device=cpu", "ckpt=unused"] + sys.argv[1:])
+    data = prepared_data(cfg)
+    refs = (data.parent / "raw" / f"test.{cfg.data.tgt_lang}").read_text().splitlines()
+    speeds: dict[str, list[float]] = {"fairseq-generate": [], "hprune eval": []}
+    bleus: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = checkpoint(tmp)
+        for i in range(ROUNDS):
+            log = run([str(BIN / "fairseq-generate"), str(data), "--path", str(ckpt), "--user-dir", PLUGIN_DIR,
+                       *generation_argv(cfg.generation, "test", cfg.seed), "--cpu"])
+            speeds["fairseq-generate"] += floats(r"\(([\d.]+) sentences/s", log)
+            hyps = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", log, flags=re.M))
+            bleus["fairseq-generate"] = BLEU().corpus_score([hyps[str(j)] for j in range(len(refs))], [refs]).score
+            out = Path(tmp) / f"eval{i}"
+            run([str(BIN / "hprune"), "eval", f"ckpt={ckpt}", f"hydra.run.dir={out}", "device=cpu"])
+            metrics = json.loads((out / "metrics.json").read_text())
+            speeds["hprune eval"].append(metrics["sentences_per_s"])
+            bleus["hprune eval"] = metrics["bleu"]
+    for name, values in speeds.items():
+        print(f"  {name:<17} {statistics.median(values):8.1f} sentences/s   BLEU {bleus[name]:.2f}")
+    ratio = statistics.median(speeds["hprune eval"]) / statistics.median(speeds["fairseq-generate"])
+    same = abs(bleus["hprune eval"] - bleus["fairseq-generate"]) < 1e-3
+    print(f"eval sentences/s ratio hprune/fairseq-generate = {ratio:.3f}  (goal >= 0.95); "
+          f"BLEU equal: {'yes' if same else 'NO'}  [beam {cfg.generation.beam}, {len(refs)} sentences]")
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

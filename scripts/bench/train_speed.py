@@ -1,0 +1,43 @@
+"""Training tokens/s: hprune_transformer vs stock fairseq `transformer`, identical dimensions, data and flags.
+
+Each arch is trained for the same number of updates, alternating (stock, ours, stock, ours) so that machine
+noise hits both; the ratio of the median per-interval words-per-second is printed. Goal: >= 0.95.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+
+from common import BIN, config, floats, prepared_data, run
+
+from hprune.backend import PLUGIN_DIR, _flags
+
+UPDATES, INTERVAL, ROUNDS = 80, 10, 2
+
+
+def main() -> None:
+    cfg = config("train", ["device=cpu"] + sys.argv[1:])
+    data = prepared_data(cfg)
+    common = [str(data), "--task", "translation", "--source-lang", cfg.data.src_lang, "--target-lang",
+              cfg.data.tgt_lang, *_flags(cfg.model, skip=("arch",)), *_flags(cfg.optim, skip=("max_update",)),
+              "--max-update", str(UPDATES), "--no-save", "--disable-validation", "--cpu", "--num-workers", "0",
+              "--log-format", "simple", "--log-interval", str(INTERVAL), "--seed", "1"]
+    archs = {"stock transformer": ["--arch", "transformer"],
+             "hprune_transformer": ["--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]}
+    wps: dict[str, list[float]] = {name: [] for name in archs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(ROUNDS):
+            for name, flags in archs.items():
+                log = run([str(BIN / "fairseq-train"), *common, *flags, "--save-dir", tmp])
+                wps[name] += floats(r"train_inner.*? wps=([\d.]+)", log)[1:]  # the first interval warms up
+    medians = {name: statistics.median(values) for name, values in wps.items()}
+    for name, value in medians.items():
+        print(f"  {name:<20} {value:10.0f} target tokens/s (median of {len(wps[name])} intervals)")
+    ratio = medians["hprune_transformer"] / medians["stock transformer"]
+    print(f"train tokens/s ratio hprune/stock = {ratio:.3f}  (goal >= 0.95)  "
+          f"[{cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers, d={cfg.model.encoder_embed_dim}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU smoke check (< 5 minutes on one GPU): transformer_base dimensions on the synthetic task for 300 updates
+# in bf16 and in fp16, evaluated with beam search, with training tokens/s printed next to stock fairseq-train's
+# (same dimensions, data and flags, `--arch transformer`).
+#   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT_DIR:-/tmp/hprune-gpu-smoke}
+export HPRUNE_DATA_ROOT=${HPRUNE_DATA_ROOT:-$OUT/data-bin}
+rm -rf "$OUT/runs"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('GPU:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
+
+for precision in bf16 fp16; do
+  run="$OUT/runs/$precision"
+  "$PY" -m hprune_cli.main train experiment=gpu_smoke precision=$precision hydra.run.dir="$run" log_interval=100
+  "$PY" -m hprune_cli.main eval ckpt="$run" device=cuda precision=$precision hydra.run.dir="$run/eval"
+  # stock fairseq-train: the same command line with the stock architecture
+  stock=$(sed -e "s#--user-dir [^ ]* ##" -e "s#--arch hprune_transformer#--arch transformer#" \
+              -e "s#--save-dir [^ ]*#--save-dir $run/stock --no-save --disable-validation#" "$run/fairseq-train.sh")
+  eval "$(dirname "$PY")/$stock" > "$run/stock.log" 2>&1
+  "$PY" - "$run" <<'PY'
+import json, re, statistics, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+def inner_wps(text):
+    return statistics.median([float(x) for x in re.findall(r"train_inner.*? wps=([\d.]+)", text)][1:] or [0])
+ours = inner_wps((run / "train.log").read_text())
+stock = inner_wps((run / "stock.log").read_text())
+train, evaluation = json.loads((run / "metrics.json").read_text()), json.loads((run / "eval" / "metrics.json").read_text())
+print(f"{run.name}: hprune {ours:,.0f} tok/s, stock fairseq {stock:,.0f} tok/s, ratio {ours / max(stock, 1):.3f}; "
+      f"{train['num_updates']} updates, valid loss {train['best_valid_loss']:.3f}; BLEU {evaluation['bleu']:.2f}, "
+      f"{evaluation['sentences_per_s']} sentences/s")
+PY
+done

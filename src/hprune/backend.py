@@ -1,0 +1,327 @@
+"""The only module that talks to fairseq: binarize, train, load a checkpoint safely, translate.
+
+Everything is done in-process through fairseq's own entry points (the pattern of fairseq's tests), so what
+runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+import hprune_fairseq  # noqa: E402  (registers the model and the safe-loading allow-list)
+from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint  # noqa: E402
+
+PLUGIN_DIR = str(Path(hprune_fairseq.__file__).parent)
+HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big")
+
+
+def _fairseq():
+    try:
+        import fairseq  # noqa: F401
+    except ImportError as err:
+        raise UserError(f"fairseq is not importable ({err}); run `make install` "
+                        "(it installs fairseq-fixed==0.12.3.1 with --no-deps)") from None
+    from fairseq import options
+    return options
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device=cuda but no CUDA device is visible; use device=auto or device=cpu")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device={device} is not one of auto, cpu, cuda")
+    return device
+
+
+def _precision_flags(device: str, precision: str) -> List[str]:
+    if precision not in ("fp32", "fp16", "bf16"):
+        raise UserError(f"precision={precision} is not one of fp32, fp16, bf16")
+    if precision == "fp16" and device != "cuda":
+        raise UserError("precision=fp16 needs a CUDA device; use precision=fp32 or bf16 on the CPU")
+    return {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
+
+
+def _flags(options: DictConfig | dict, skip: Iterable[str] = ()) -> List[str]:
+    """{encoder_embed_dim: 64, share_all_embeddings: true} -> ['--encoder-embed-dim', '64', '--share-all-embeddings']"""
+    argv: List[str] = []
+    for key, value in options.items():
+        if key in skip or value is None or value is False:
+            continue
+        argv.append("--" + key.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def _to_omegaconf(args) -> DictConfig:
+    """fairseq's convert_namespace_to_omegaconf, run inside a Hydra app.
+
+    fairseq composes its own config with Hydra's 1.1-era API, which refuses to run once an app has set
+    version_base >= 1.2, and clears the global Hydra state; both are put back afterwards.
+    """
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+    from packaging.version import Version
+
+    versions = VersionBase.instance()
+    base, saved = versions.getbase(), Singleton._instances.get(GlobalHydra)
+    versions.setbase(Version("1.1"))
+    try:
+        return convert_namespace_to_omegaconf(args)
+    finally:
+        versions.version_base = base
+        if saved is not None:
+            Singleton._instances[GlobalHydra] = saved
+
+
+# --------------------------------------------------------------------------------------------- binarize
+def binarize(raw_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1) -> None:
+    """fairseq-preprocess with a joined dictionary (shared embeddings), train/valid/test splits."""
+    options = _fairseq()
+    from fairseq_cli import preprocess
+
+    argv = ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary", "--destdir", str(dest_dir),
+            "--workers", str(workers), "--thresholdsrc", "0", "--thresholdtgt", "0"]
+    for split in ("train", "valid", "test"):
+        argv += [f"--{split}pref", str(raw_dir / split)]
+    args = options.get_preprocessing_parser().parse_args(argv)
+    handlers = list(preprocess.logger.handlers)
+    try:
+        preprocess.main(args)
+    finally:  # preprocess adds a log-file handler per call
+        for handler in preprocess.logger.handlers[len(handlers):]:
+            preprocess.logger.removeHandler(handler)
+            handler.close()
+
+
+# --------------------------------------------------------------------------------------------- train
+def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
+    """The fairseq-train command line that a run config stands for."""
+    device = resolve_device(cfg.device)
+    argv = [str(data_dir), "--task", "translation", "--source-lang", cfg.data.src_lang,
+            "--target-lang", cfg.data.tgt_lang, "--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]
+    argv += _flags(cfg.model, skip=("arch",)) + _flags(cfg.optim)
+    argv += ["--save-dir", str(save_dir), "--seed", str(cfg.seed), "--num-workers", "0",
+             "--log-format", "simple", "--log-interval", str(cfg.log_interval),
+             "--no-epoch-checkpoints", "--save-interval-updates", str(cfg.save_interval_updates),
+             "--keep-interval-updates", "1", "--keep-best-checkpoints", "0"]
+    argv += _precision_flags(device, cfg.precision)
+    if device == "cpu":
+        argv.append("--cpu")
+    return argv
+
+
+def train(argv: Sequence[str]) -> None:
+    """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one."""
+    options = _fairseq()
+    from fairseq import distributed_utils
+    from fairseq_cli import train as fairseq_train
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
+    save_dir = Path(args.save_dir)
+    _repair_resume_point(save_dir)
+    distributed_utils.call_main(_to_omegaconf(args), fairseq_train.main)
+
+
+def _repair_resume_point(save_dir: Path) -> None:
+    """Make sure a killed run resumes: drop half-written files and a truncated `checkpoint_last.pt`.
+
+    fairseq writes each checkpoint to a temporary name and renames it, but then *copies* it to
+    `checkpoint_last.pt`; a kill during that copy leaves a truncated file. We then fall back on the
+    newest readable interval checkpoint, which is the same state.
+    """
+    for partial in save_dir.glob("*.tmp"):
+        partial.unlink()
+    last = save_dir / "checkpoint_last.pt"
+    if not last.exists():
+        return
+    try:
+        load_checkpoint(last)
+        return
+    except CorruptCheckpointError:
+        log.warning("%s is truncated; resuming from the newest interval checkpoint instead", last)
+    candidates = sorted(save_dir.glob("checkpoint_*_*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in candidates:
+        try:
+            load_checkpoint(candidate)
+        except CorruptCheckpointError:
+            continue
+        shutil.copyfile(candidate, last.with_suffix(".pt.tmp"))
+        os.replace(last.with_suffix(".pt.tmp"), last)
+        return
+    last.unlink()  # nothing readable: start over rather than crash
+
+
+# --------------------------------------------------------------------------------------------- load
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    task: object
+    cfg: DictConfig  # the checkpoint's fairseq config
+    path: Path
+    device: str
+
+
+def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
+    """Load an hprune checkpoint for inference against the dictionaries in data_dir, refusing anything unsafe."""
+    _fairseq()
+    from fairseq import checkpoint_utils, tasks
+
+    if not ckpt.is_file():
+        raise UserError(f"checkpoint {ckpt} does not exist; pass ckpt=<run dir or .pt file> of a finished train run")
+    try:
+        state = load_checkpoint(ckpt)
+    except (UnsafeCheckpointError, CorruptCheckpointError) as err:
+        raise UserError(str(err)) from None
+    if state.get("cfg") is not None:  # as fairseq's load_checkpoint_to_cpu does after torch.load
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+    cfg = checkpoint_utils._upgrade_state_dict(state)["cfg"]  # also turns a legacy `args` into a config
+    arch = getattr(cfg.model, "_name", None) or getattr(cfg.model, "arch", None)  # a Namespace for legacy models
+    if arch not in HPRUNE_ARCHS:
+        raise UserError(f"{ckpt} holds a '{arch}' model, not an hprune model ({', '.join(HPRUNE_ARCHS)}); "
+                        "train one with `hprune train`")
+    if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
+        raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
+                        f"{cfg.task.source_lang}-{cfg.task.target_lang} data; pass the matching data=...")
+    cfg.task.data = str(data_dir)
+    task = tasks.setup_task(cfg.task)
+    vocab = state["model"]["encoder.embed_tokens.weight"].shape[0]
+    if vocab != len(task.source_dictionary):
+        raise UserError(f"{ckpt} was trained with a {vocab}-word vocabulary but {data_dir} has "
+                        f"{len(task.source_dictionary)} words; evaluate it on the data it was trained on")
+    model = task.build_model(cfg.model)
+    try:
+        model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+    except RuntimeError as err:
+        detail = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise UserError(f"{ckpt} does not match its declared architecture ({detail}); "
+                        "retrain it or pass the right checkpoint") from None
+    device = resolve_device(device)
+    _precision_flags(device, precision)
+    model.eval()
+    if precision == "fp16":
+        model.half()
+    elif precision == "bf16":
+        model.to(torch.bfloat16)
+    model.to(device)
+    return Loaded(model, task, cfg, ckpt, device)
+
+
+# --------------------------------------------------------------------------------------------- generate
+@dataclass
+class Translations:
+    hypotheses: List[str]  # by sentence id, post-processed as fairseq-generate's D- lines
+    sentences: int
+    tokens: int
+    seconds: float  # spent in beam search only, as fairseq-generate's own timer
+
+
+def generation_argv(gen: DictConfig, split: str, seed: int) -> List[str]:
+    """The fairseq-generate flags for a `generation/` config (shared by `hprune eval` and the comparison tests)."""
+    argv = ["--gen-subset", split, "--beam", str(gen.beam), "--lenpen", str(gen.lenpen),
+            "--max-len-a", str(gen.max_len_a), "--max-len-b", str(gen.max_len_b), "--seed", str(seed)]
+    if gen.batch_size:
+        argv += ["--batch-size", str(gen.batch_size)]
+    if gen.max_tokens:
+        argv += ["--max-tokens", str(gen.max_tokens)]
+    return argv
+
+
+def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
+              post_process: Optional[str] = None, tokenizer: Optional[str] = None) -> Translations:
+    """Beam search over a split exactly as fairseq-generate does it (same batching, generator and post-processing)."""
+    options = _fairseq()
+    from fairseq import utils
+    from fairseq.logging.meters import StopwatchMeter
+    from fairseq_cli.generate import get_symbols_to_strip_from_output
+
+    argv = [loaded.cfg.task.data, "--user-dir", PLUGIN_DIR, "--path", str(loaded.path)]
+    argv += generation_argv(gen, split, seed)
+    if post_process:
+        argv += ["--post-process", post_process]
+    if tokenizer:
+        argv += ["--tokenizer", tokenizer]
+    if loaded.device == "cpu":
+        argv.append("--cpu")
+    cfg = _to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
+    task, model = loaded.task, loaded.model
+    try:
+        task.load_dataset(split, task_cfg=loaded.cfg.task)
+    except FileNotFoundError as err:
+        raise UserError(f"{err}; run `hprune data prepare` for this data set") from None
+    dataset = task.dataset(split)
+    if len(dataset) == 0:
+        raise UserError(f"the {split} split in {loaded.cfg.task.data} is empty; nothing to evaluate")
+    model.prepare_for_inference_(cfg)
+    itr = task.get_batch_iterator(
+        dataset=dataset, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple, seed=cfg.common.seed,
+        num_workers=cfg.dataset.num_workers, data_buffer_size=cfg.dataset.data_buffer_size,
+    ).next_epoch_itr(shuffle=False)
+    generator = task.build_generator([model], cfg.generation)
+    tokenizer_, bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
+
+    def decode(text: str) -> str:
+        text = bpe.decode(text) if bpe is not None else text
+        return tokenizer_.decode(text) if tokenizer_ is not None else text
+
+    timer = StopwatchMeter()
+    hypotheses: dict[int, str] = {}
+    for sample in itr:
+        sample = utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+        if "net_input" not in sample:
+            continue
+        timer.start()
+        hypos = task.inference_step(generator, [model], sample)
+        timer.stop(sum(len(h[0]["tokens"]) for h in hypos))
+        for i, sample_id in enumerate(sample["id"].tolist()):
+            best = hypos[i][0]
+            _, text, _ = utils.post_process_prediction(
+                hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=best["alignment"], align_dict=None,
+                tgt_dict=task.target_dictionary, remove_bpe=cfg.common_eval.post_process,
+                extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
+            hypotheses[sample_id] = decode(text)
+    return Translations([hypotheses[i] for i in range(len(dataset))], len(hypotheses), timer.n, timer.sum)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def checkpoint_summary(ckpt: Path) -> dict:
+    """Updates, epoch, best validation loss and parameter count recorded in a checkpoint."""
+    state = load_checkpoint(ckpt)
+    storages = {t.untyped_storage().data_ptr(): t.numel() for t in state["model"].values()}  # tied weights once
+    extra = state.get("extra_state") or {}
+    return {"num_updates": state["optimizer_history"][-1]["num_updates"],
+            "epoch": (extra.get("train_iterator") or {}).get("epoch"),
+            "best_valid_loss": extra.get("best"),
+            "valid_loss": extra.get("val_loss"),
+            "n_params": sum(storages.values())}
+
+
+def train_speed() -> dict:
+    """fairseq's whole-run meters (the root aggregator is never reset): target tokens/s and updates/s,
+    validation and checkpointing pauses included."""
+    from fairseq.logging import metrics
+
+    values = metrics.get_smoothed_values("default")
+    return {"train_tokens_per_s": round(float(values.get("wps", 0.0)), 1),
+            "train_updates_per_s": round(float(values.get("ups", 0.0)), 3)}

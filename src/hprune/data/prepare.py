@@ -1,0 +1,70 @@
+"""Prepared data sets live in a cache keyed by their parameters: `<data_root>/<name>-<hash>/{raw,bin}`.
+
+A data set is built once per parameter set, into a temporary folder renamed into place when complete, so a
+killed preparation never leaves a folder that looks ready.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import UserError
+from .toy import SRC, TGT, ToyParams, write_corpus
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 2  # bump when the generator or the binarization changes
+
+
+def toy_params(data: DictConfig) -> ToyParams:
+    params = OmegaConf.to_container(data.params, resolve=True)
+    unknown = set(params) - set(ToyParams.__dataclass_fields__)
+    if unknown:
+        raise UserError(f"unknown toy data parameter(s) {sorted(unknown)}; "
+                        f"valid ones: {', '.join(ToyParams.__dataclass_fields__)}")
+    return ToyParams(**params)
+
+
+def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
+    if data.kind != "toy":
+        raise UserError(f"data kind '{data.kind}' is not built yet; use data=toy")
+    key = json.dumps({"kind": data.kind, "params": asdict(toy_params(data)), "format": FORMAT_VERSION},
+                     sort_keys=True)
+    return Path(data_root).expanduser().absolute() / f"{data.name}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+
+
+def prepare(data: DictConfig, data_root: str | Path) -> Path:
+    """Build the data set if needed; returns the fairseq data-bin folder."""
+    root = dataset_dir(data, data_root)
+    if (root / "READY").exists():
+        return root / "bin"
+    from .. import backend  # fairseq is needed only to build
+
+    log.info("preparing %s data in %s", data.name, root)
+    staging = root.with_name(f"{root.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+    except OSError as err:
+        raise UserError(f"cannot create the data folder {root.parent} ({err.strerror}); "
+                        "set paths.data_root=<a writable folder> or HPRUNE_DATA_ROOT") from None
+    write_corpus(toy_params(data), staging / "raw")
+    backend.binarize(staging / "raw", staging / "bin", SRC, TGT)
+    (staging / "READY").write_text("ok\n")
+    if root.exists():  # an incomplete folder from an older layout or a crash
+        shutil.rmtree(root)
+    try:
+        os.replace(staging, root)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return root / "bin"
+
+
+def raw_dir(data: DictConfig, data_root: str | Path) -> Path:
+    return dataset_dir(data, data_root) / "raw"

@@ -1,0 +1,5 @@
+"""The one error type that reaches the user as a single line (no traceback)."""
+
+
+class UserError(Exception):
+    """Bad input: the message names the problem and the fix, on one line."""

@@ -1,0 +1,65 @@
+"""`hprune eval ckpt=PATH`: beam search on a split; sacreBLEU BLEU and chrF on detokenized text."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from .. import backend
+from ..data.prepare import prepare
+from ..errors import UserError
+from ..files import git_sha, run_dir, write_atomic, write_json
+from . import hydra_app
+
+
+def resolve_checkpoint(ckpt: str) -> Path:
+    path = Path(ckpt).expanduser()
+    if path.is_dir():
+        path = path / "checkpoints" / "checkpoint_best.pt" if (path / "checkpoints").is_dir() else path / "checkpoint_best.pt"
+    return path
+
+
+def read_references(raw_file: Path, n: int) -> list[str]:
+    if not raw_file.exists():
+        raise UserError(f"references {raw_file} are missing; run `hprune data prepare` again")
+    refs = raw_file.read_text().splitlines()
+    if len(refs) != n:
+        raise UserError(f"{raw_file} has {len(refs)} lines but the binarized split has {n}; "
+                        "delete the data folder and prepare it again")
+    return refs
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    return {"bleu": round(bleu.corpus_score(hypotheses, [references]).score, 4),
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf": round(chrf.corpus_score(hypotheses, [references]).score, 4),
+            "chrf_signature": str(chrf.get_signature())}
+
+
+def run(cfg: DictConfig) -> dict:
+    ckpt = resolve_checkpoint(cfg.ckpt)
+    data_bin = prepare(cfg.data, cfg.paths.data_root)
+    loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
+    result = backend.translate(loaded, cfg.generation, cfg.split, cfg.seed, cfg.data.post_process,
+                               cfg.data.tokenizer)
+    references = read_references(data_bin.parent / "raw" / f"{cfg.split}.{cfg.data.tgt_lang}", result.sentences)
+    metrics = {
+        "verb": "eval", "data": cfg.data.name, "split": cfg.split, **score(result.hypotheses, references),
+        "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen,
+        "n_params": backend.count_parameters(loaded.model),
+        "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
+        "tokens_per_s": round(result.tokens / result.seconds, 1), "device": loaded.device,
+        "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()),
+    }
+    out = run_dir()
+    write_atomic(out / f"hypotheses.{cfg.split}.txt", "".join(h + "\n" for h in result.hypotheses))
+    write_json(out / "metrics.json", metrics)
+    print(f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  ({result.sentences} sentences, "
+          f"{metrics['sentences_per_s']} sentences/s)  {metrics['bleu_signature']}")
+    return metrics
+
+
+main = hydra_app("eval")(run)

@@ -1,0 +1,131 @@
+"""One attention module for every attention in the model: fairseq's MultiheadAttention with head control.
+
+Compared with the stock module it adds, in one place:
+  * `head_mask`: a (num_heads,) tensor, 1 keeps a head and 0 drops it; applied to each head's output
+    (the context vector) before `out_proj`, so a dropped head contributes exactly nothing;
+  * `record_heads`: keep the last call's per-head attention weights and per-head outputs (for head roles and
+    gradient importance; `head_outputs` stays in the autograd graph);
+  * torch SDPA whenever no attention weights are needed.
+It never takes fairseq's fast path (`F.multi_head_attention_forward`), which would silently skip the mask
+and return head-averaged weights even when per-head ones are asked for.
+Parameters and state-dict keys are the stock module's, so stock weights load unchanged.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules.multihead_attention import MultiheadAttention
+from torch import Tensor
+
+
+class HeadAttention(MultiheadAttention):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.bias_k is not None or self.add_zero_attn or self.use_xformers:
+            raise NotImplementedError("HeadAttention supports neither add_bias_kv, add_zero_attn nor xformers")
+        self.head_mask: Optional[Tensor] = None
+        self.record_heads = False
+        self.head_weights: Optional[Tensor] = None  # (batch, heads, tgt_len, src_len), when recorded
+        self.head_outputs: Optional[Tensor] = None  # (batch, heads, tgt_len, head_dim), when recorded
+
+    def set_head_mask(self, mask: Optional[Tensor]) -> None:
+        if mask is not None:
+            mask = torch.as_tensor(mask, dtype=torch.float32, device=self.q_proj.weight.device)
+            if mask.shape != (self.num_heads,):
+                raise ValueError(f"head mask has shape {tuple(mask.shape)}, expected ({self.num_heads},)")
+        self.head_mask = mask
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """(len, batch, heads*head_dim) -> (batch, heads, len, head_dim)"""
+        return x.view(x.size(0), x.size(1), self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if before_softmax:
+            raise NotImplementedError("HeadAttention does not return pre-softmax scores")
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, _ = query.size()
+        H, D = self.num_heads, self.head_dim
+
+        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if saved_state is not None and static_kv and "prev_key" in saved_state:
+            key = value = None  # encoder keys/values were cached at the first step
+
+        q = self._heads(self.q_proj(query))
+        k = v = None
+        if self.self_attention:
+            k, v = self._heads(self.k_proj(query)), self._heads(self.v_proj(query))
+        elif key is not None:
+            if self.encoder_decoder_attention:
+                value = key
+                if self.beam_size > 1 and bsz == key.size(1):  # beams share one copy of the encoder states
+                    key = value = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                    if key_padding_mask is not None:
+                        key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
+            k, v = self._heads(self.k_proj(key)), self._heads(self.v_proj(value))
+
+        if saved_state is not None:  # cached as (batch, heads, len, head_dim), the stock layout
+            if "prev_key" in saved_state:
+                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
+                k = prev_k if static_kv else torch.cat([prev_k, k], dim=2)
+                v = prev_v if static_kv else torch.cat([prev_v, v], dim=2)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=k.size(0), src_len=k.size(2), static_kv=static_kv)
+            saved_state.update(prev_key=k, prev_value=v, prev_key_padding_mask=key_padding_mask)
+            self._set_input_buffer(incremental_state, saved_state)
+        assert k is not None and v is not None
+        kv_bsz, src_len = k.size(0), k.size(2)
+        beams = bsz // kv_bsz
+        if beams > 1:  # fold the beams into the query length: (kv_bsz, H, beams*tgt_len, D)
+            q = q.reshape(kv_bsz, beams, H, tgt_len, D).transpose(1, 2).reshape(kv_bsz, H, beams * tgt_len, D)
+
+        mask = None  # additive, broadcast to (kv_bsz, H, q_len, src_len)
+        if attn_mask is not None:
+            mask = attn_mask.to(q.dtype)
+        if key_padding_mask is not None and key_padding_mask.dim() == 2:
+            padding = torch.zeros(kv_bsz, 1, 1, src_len, dtype=q.dtype, device=q.device)
+            padding = padding.masked_fill(key_padding_mask.view(kv_bsz, 1, 1, src_len).bool(), float("-inf"))
+            mask = padding if mask is None else mask + padding
+
+        dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
+        weights = None
+        if need_weights or self.record_heads:
+            scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))
+            if mask is not None:
+                scores = scores + mask
+            weights = torch.softmax(scores.float(), dim=-1).type_as(scores)
+            context = torch.matmul(self.dropout_module(weights), v)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
+
+        if beams > 1:  # unfold back to (bsz, H, tgt_len, ...)
+            context = context.reshape(kv_bsz, H, beams, tgt_len, D).transpose(1, 2).reshape(bsz, H, tgt_len, D)
+            if weights is not None:
+                weights = weights.reshape(kv_bsz, H, beams, tgt_len, src_len).transpose(1, 2)
+                weights = weights.reshape(bsz, H, tgt_len, src_len)
+        if self.head_mask is not None:
+            context = context * self.head_mask.to(context.dtype).view(1, H, 1, 1)
+        if self.record_heads:
+            self.head_weights, self.head_outputs = weights, context
+
+        out = self.out_proj(context.permute(2, 0, 1, 3).reshape(tgt_len, bsz, H * D))
+        if not need_weights:
+            return out, None
+        # stock layout: (heads, batch, tgt, src) per head, else the mean over heads (batch, tgt, src)
+        weights = weights.float().transpose(0, 1)
+        return out, (weights if need_head_weights else weights.mean(dim=0))

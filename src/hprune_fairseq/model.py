@@ -1,0 +1,114 @@
+"""`hprune_transformer`: fairseq's Transformer with HeadAttention in every attention sublayer.
+
+Everything but the attention modules is stock fairseq (embeddings, FFN, layer norms, incremental decoding),
+and the state-dict keys are the stock `transformer` ones. The three attention types are named as in
+Voita et al.: enc-self, dec-self, dec-enc.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+    transformer_wmt_en_de_big,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+
+from .attention import HeadAttention
+
+ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
+
+
+class HeadEncoderLayer(TransformerEncoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg):
+        return HeadAttention(embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout,
+                             self_attention=True, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+
+class HeadDecoderLayer(TransformerDecoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise NotImplementedError("hprune_transformer supports neither add_bias_kv, add_zero_attn "
+                                      "nor cross_self_attention")
+        return HeadAttention(embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout,
+                             self_attention=True, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return HeadAttention(embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
+                             vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+                             encoder_decoder_attention=True, q_noise=self.quant_noise,
+                             qn_block_size=self.quant_noise_block_size)
+
+
+def _wrap(layer, cfg):
+    """Activation checkpointing and FSDP wrapping, as fairseq does for its own layers."""
+    if cfg.checkpoint_activations:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
+
+
+class HeadEncoder(TransformerEncoderBase):
+    def build_encoder_layer(self, cfg):
+        return _wrap(HeadEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class HeadDecoder(TransformerDecoderBase):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap(HeadDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
+@register_model("hprune_transformer")
+class HpruneTransformerModel(TransformerModel):
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return HeadEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return HeadDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def attention_modules(self) -> Iterator[Tuple[str, int, HeadAttention]]:
+        """(attention type, layer index, module) for every attention sublayer, in a fixed order."""
+        for i, layer in enumerate(self.encoder.layers):
+            yield "enc-self", i, layer.self_attn
+        for i, layer in enumerate(self.decoder.layers):
+            yield "dec-self", i, layer.self_attn
+        for i, layer in enumerate(self.decoder.layers):
+            if layer.encoder_attn is not None:
+                yield "dec-enc", i, layer.encoder_attn
+
+    def head_counts(self) -> Dict[str, List[int]]:
+        counts: Dict[str, List[int]] = {t: [] for t in ATTENTION_TYPES}
+        for kind, _, module in self.attention_modules():
+            counts[kind].append(module.num_heads)
+        return counts
+
+    def set_head_mask(self, mask: Optional[Dict[str, List[List[float]]]]) -> None:
+        """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""
+        for kind, layer, module in self.attention_modules():
+            module.set_head_mask(None if mask is None else mask[kind][layer])
+
+    def record_heads(self, enabled: bool = True) -> None:
+        for _, _, module in self.attention_modules():
+            module.record_heads = enabled
+            if not enabled:
+                module.head_weights = module.head_outputs = None
+
+
+@register_model_architecture("hprune_transformer", "hprune_transformer")
+def hprune_transformer(args):
+    """Vaswani et al. base dimensions unless the command line says otherwise."""
+    base_architecture(args)
+
+
+@register_model_architecture("hprune_transformer", "hprune_transformer_big")
+def hprune_transformer_big(args):
+    transformer_wmt_en_de_big(args)

@@ -1,0 +1,138 @@
+"""The command line: fast help, and one clear line (exit 2, no traceback, nothing half-written) for bad input."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SMALL_DATA, hprune
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr + proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hprune") and "error:" in line]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    for text in expected:
+        assert text in errors[0], errors[0]
+    return errors[0]
+
+
+def test_help_lists_verbs_quickly():
+    hprune("--help")  # warm the file cache
+    started = time.perf_counter()
+    proc = subprocess.run([str(Path(sys.executable).parent / "hprune"), "--help"], capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0
+    for verb in ("train", "eval", "data", "prune", "report"):
+        assert f"  {verb} " in proc.stdout
+    assert elapsed < 1.5, elapsed
+
+
+def test_verb_help_is_hydras():
+    proc = hprune("train", "--help")
+    assert "model: transformer_base, transformer_big, transformer_tiny" in proc.stdout
+    proc = hprune("train", "--cfg", "job", "model=transformer_base")
+    assert "encoder_embed_dim: 512" in proc.stdout
+
+
+def test_unknown_verb():
+    assert_one_line_error(hprune("trian", check=False), "unknown verb 'trian'", "train, eval, data")
+
+
+def test_verb_not_built_yet():
+    assert_one_line_error(hprune("prune", check=False), "not built yet")
+
+
+def test_unknown_group_option_lists_valid_ones():
+    assert_one_line_error(hprune("train", "model=transformer_huge", check=False),
+                          "unknown model 'transformer_huge'", "transformer_base, transformer_big, transformer_tiny")
+    assert_one_line_error(hprune("train", "-m", "model=transformer_tiny,nope", check=False), "unknown model 'nope'")
+
+
+def test_malformed_override():
+    assert_one_line_error(hprune("train", "optim.lr=[0.1,", check=False), "malformed override 'optim.lr=[0.1,'")
+
+
+def test_unknown_key():
+    assert_one_line_error(hprune("train", "optim.lrr=0.1", check=False), "optim.lrr", "--help")
+
+
+def test_unknown_data_action():
+    assert_one_line_error(hprune("data", "fetch", check=False), "unknown action 'fetch'", "prepare")
+
+
+def eval_error(ckpt: Path, tmp_path: Path, *extra: str, data=SMALL_DATA) -> subprocess.CompletedProcess:
+    out = tmp_path / "eval"
+    proc = hprune("eval", f"ckpt={ckpt}", f"hydra.run.dir={out}", *data, "device=cpu", *extra, check=False)
+    assert not (out / "metrics.json").exists() and not list(out.glob("hypotheses*"))
+    return proc
+
+
+def test_missing_checkpoint(tmp_path):
+    assert_one_line_error(eval_error(tmp_path / "nope.pt", tmp_path), "does not exist")
+
+
+def test_truncated_checkpoint(trained_run, tmp_path):
+    ckpt = tmp_path / "cut.pt"
+    data = (trained_run / "checkpoints" / "checkpoint_best.pt").read_bytes()
+    ckpt.write_bytes(data[: len(data) // 3])
+    assert_one_line_error(eval_error(ckpt, tmp_path), "truncated")
+
+
+def test_unsafe_checkpoint_is_refused_and_not_run(tmp_path):
+    from test_safe_load import RunsCommandOnLoad
+
+    marker, ckpt = tmp_path / "pwned", tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": RunsCommandOnLoad(marker)}, ckpt)
+    assert_one_line_error(eval_error(ckpt, tmp_path), "refusing to load")
+    assert not marker.exists()
+
+
+def test_checkpoint_of_another_architecture(trained_run, tmp_path):
+    state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
+    state["cfg"]["model"].arch = state["cfg"]["model"]._name = "transformer"
+    torch.save(state, tmp_path / "stock.pt")
+    assert_one_line_error(eval_error(tmp_path / "stock.pt", tmp_path), "'transformer' model, not an hprune model")
+
+
+def test_checkpoint_of_another_vocabulary(trained_run, tmp_path):
+    other = [o for o in SMALL_DATA if "n_names" not in o] + ["data.params.n_names=30"]
+    assert_one_line_error(eval_error(trained_run, tmp_path, data=other), "-word vocabulary but")
+
+
+def test_checkpoint_with_mismatched_shapes(trained_run, tmp_path):
+    state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
+    state["model"]["encoder.layers.0.fc1.weight"] = torch.zeros(3, 3)
+    torch.save(state, tmp_path / "bad.pt")
+    assert_one_line_error(eval_error(tmp_path / "bad.pt", tmp_path), "does not match its declared architecture")
+
+
+def test_unwritable_data_dir(trained_run, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert_one_line_error(eval_error(trained_run, tmp_path, f"paths.data_root={blocker}/sub"),
+                          "cannot create the data folder", "paths.data_root")
+
+
+def test_missing_split_in_data_dir(trained_run, tmp_path, data_root):
+    copy = tmp_path / "data"
+    shutil.copytree(data_root, copy)
+    for f in copy.glob("toy-*/bin/test.*"):
+        f.unlink()
+    assert_one_line_error(eval_error(trained_run, tmp_path, f"paths.data_root={copy}"), "hprune data prepare")
+
+
+def test_empty_test_set(trained_run, tmp_path):
+    data = [o for o in SMALL_DATA if "n_test" not in o] + ["data.params.n_test=0"]
+    assert_one_line_error(eval_error(trained_run, tmp_path, data=data), "empty")
+
+
+@pytest.mark.parametrize("bad", ["device=tpu", "precision=fp8"])
+def test_bad_device_or_precision(trained_run, tmp_path, bad):
+    assert_one_line_error(eval_error(trained_run, tmp_path, bad), bad.split("=")[0])

@@ -1,0 +1,62 @@
+"""Every option of every config group composes, through Hydra's compose API."""
+from pathlib import Path
+
+import hprune_configs
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+CONFIG_DIR = Path(hprune_configs.__file__).parent
+GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation"], "data": ["data"]}
+
+
+def options(group):
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+CASES = [(verb, group, option) for verb, groups in GROUPS.items() for group in groups for option in options(group)]
+
+
+@pytest.fixture(autouse=True)
+def clean_hydra():
+    GlobalHydra.instance().clear()
+    yield
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("verb,group,option", CASES, ids=[f"{v}-{g}={o}" for v, g, o in CASES])
+def test_option_composes(verb, group, option):
+    with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+        cfg = compose(config_name=verb, overrides=[f"{group}={option}"], return_hydra_config=True)
+    assert cfg.verb == verb
+    assert cfg.device in ("auto", "cpu", "cuda") or verb == "data"
+    if group == "model":
+        assert cfg.model.encoder_embed_dim % cfg.model.encoder_attention_heads == 0
+
+
+def test_model_presets_have_paper_dimensions():
+    expected = {"transformer_base": (512, 2048, 6, 8), "transformer_big": (1024, 4096, 6, 16)}
+    with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+        for name, dims in expected.items():
+            m = compose(config_name="train", overrides=[f"model={name}"]).model
+            assert (m.encoder_embed_dim, m.encoder_ffn_embed_dim, m.encoder_layers, m.encoder_attention_heads) == dims
+            assert (m.decoder_embed_dim, m.decoder_ffn_embed_dim, m.decoder_layers, m.decoder_attention_heads) == dims
+
+
+def test_experiment_holds_only_deltas():
+    with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+        base = compose(config_name="train")
+        smoke = compose(config_name="train", overrides=["experiment=gpu_smoke"])
+    assert smoke.model.encoder_embed_dim == 512 and smoke.optim.max_update == 300
+    assert smoke.optim.label_smoothing == base.optim.label_smoothing  # untouched keys come from the defaults
+
+
+def test_train_config_maps_to_fairseq_flags(tmp_path):
+    from hprune.backend import train_argv
+    with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["device=cpu", "optim.max_update=7"])
+    argv = train_argv(cfg, tmp_path / "bin", tmp_path / "ckpt")
+    joined = " ".join(argv)
+    assert "--arch hprune_transformer" in joined and "--max-update 7" in joined
+    assert "--share-all-embeddings" in argv and "--cpu" in argv and "--max-epoch" not in argv
+    assert argv[argv.index("--adam-betas") + 1] == "(0.9, 0.98)"

@@ -1,0 +1,61 @@
+"""fairseq checkpoints load under weights_only=True with exactly one allow-listed class; anything else is refused."""
+import argparse
+import os
+import pickle
+import zipfile
+
+import pytest
+import torch
+
+from hprune_fairseq.safe_load import SAFE_GLOBALS, CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
+
+
+class RunsCommandOnLoad:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_allow_list_is_exactly_namespace():
+    assert SAFE_GLOBALS == [argparse.Namespace]
+
+
+def test_checkpoint_with_namespace_loads(tmp_path):
+    path = tmp_path / "ok.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "args": argparse.Namespace(arch="x"), "cfg": {"a": 1}}, path)
+    state = load_checkpoint(path)
+    assert state["args"].arch == "x" and torch.equal(state["model"]["w"], torch.ones(2))
+
+
+def test_code_running_checkpoint_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {}, "payload": RunsCommandOnLoad(marker)}, path)
+    with pytest.raises(UnsafeCheckpointError, match="posix.system|os.system|refusing"):
+        load_checkpoint(path)
+    assert not marker.exists()
+    # and the stock loader (what fairseq calls) refuses it too once the plugin is imported
+    import hprune_fairseq  # noqa: F401
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_checkpoint_is_reported(tmp_path, damage):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": {"w": torch.randn(1000)}}, path)
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a checkpoint", "empty": b""}[damage])
+    with pytest.raises(CorruptCheckpointError, match="truncated or not a torch checkpoint|not a readable"):
+        load_checkpoint(path)
+
+
+def test_non_fairseq_file_is_reported(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(1)}, path)
+    with pytest.raises(CorruptCheckpointError, match="no 'model' entry"):
+        load_checkpoint(path)
+    assert zipfile.is_zipfile(path)

@@ -1,0 +1,95 @@
+"""Train -> eval end to end through the CLI; stock fairseq-generate agrees; an interrupted run resumes."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import HPRUNE, ROOT, SMALL_TRAIN, hprune
+
+pytest.importorskip("fairseq")
+
+
+def test_train_writes_checkpoints_and_metrics(trained_run):
+    metrics = json.loads((trained_run / "metrics.json").read_text())
+    assert metrics["num_updates"] == 150
+    assert (trained_run / "checkpoints" / "checkpoint_best.pt").is_file()
+    assert (trained_run / ".hydra" / "config.yaml").is_file()
+    assert metrics["heads"] == {"enc-self": [4, 4, 4], "dec-self": [4, 4, 4], "dec-enc": [4, 4, 4]}
+    assert metrics["train_tokens_per_s"] > 0 and metrics["best_valid_loss"] < 6
+    # the recorded fairseq-train command names our plugin and architecture
+    assert "--arch hprune_transformer" in (trained_run / "fairseq-train.sh").read_text()
+
+
+def test_eval_writes_metrics_and_hypotheses(evaluated_run):
+    out, metrics = evaluated_run
+    hypotheses = (out / "hypotheses.test.txt").read_text().splitlines()
+    assert len(hypotheses) == metrics["sentences"] == 100
+    for key in ("bleu", "chrf", "bleu_signature", "chrf_signature", "beam", "lenpen", "n_params",
+                "sentences_per_s", "tokens_per_s", "seed", "git_sha", "checkpoint"):
+        assert key in metrics, key
+    assert metrics["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.")
+    assert 0 < metrics["bleu"] <= 100
+
+
+def test_bleu_equals_stock_fairseq_generate(trained_run, evaluated_run, data_root):
+    """The same checkpoint and settings through stock `fairseq-generate --user-dir` give the same BLEU."""
+    from sacrebleu.metrics import BLEU
+
+    from hprune.backend import PLUGIN_DIR
+    _, metrics = evaluated_run
+    data_bin = next(data_root.glob("toy-*/bin"))
+    cmd = [os.path.join(os.path.dirname(HPRUNE[0]), "fairseq-generate"), str(data_bin),
+           "--path", metrics["checkpoint"], "--user-dir", PLUGIN_DIR, "--gen-subset", "test", "--beam", "5",
+           "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "128", "--cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hyps = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", proc.stdout, flags=re.M))
+    hypotheses = [hyps[str(i)] for i in range(len(hyps))]
+    references = (data_bin.parent / "raw" / "test.tgt").read_text().splitlines()
+    assert len(hypotheses) == len(references) == 100
+    assert BLEU().corpus_score(hypotheses, [references]).score == pytest.approx(metrics["bleu"], abs=1e-4)
+    ours = (evaluated_run[0] / "hypotheses.test.txt").read_text().splitlines()
+    assert ours == hypotheses
+
+
+def test_killed_training_resumes_where_an_uninterrupted_run_ends(trained_run, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", f"hydra.run.dir={run}", *SMALL_TRAIN]
+    proc = subprocess.Popen([*HPRUNE, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((run / "checkpoints").glob("checkpoint_*_50.pt")) and time.time() < deadline:
+        assert proc.poll() is None, "training ended before it could be interrupted"
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(run / "checkpoints" / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]
+    assert killed_at["num_updates"] < 150
+    hprune(*args)  # the same command again
+    resumed = torch.load(run / "checkpoints" / "checkpoint_last.pt", weights_only=False)
+    reference = torch.load(trained_run / "checkpoints" / "checkpoint_last.pt", weights_only=False)
+    assert resumed["optimizer_history"][-1]["num_updates"] == 150
+    for name, tensor in reference["model"].items():
+        torch.testing.assert_close(resumed["model"][name], tensor, atol=1e-5, rtol=0, msg=name)
+
+
+def test_truncated_last_checkpoint_falls_back_to_the_interval_checkpoint(trained_run, tmp_path):
+    """A kill during fairseq's copy to checkpoint_last.pt leaves it truncated; training still resumes."""
+    import shutil
+
+    from hprune.backend import _repair_resume_point
+    save = tmp_path / "checkpoints"
+    shutil.copytree(trained_run / "checkpoints", save)
+    last = save / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    (save / "checkpoint_9_99.pt.tmp").write_bytes(b"partial")
+    _repair_resume_point(save)
+    interval = next(save.glob("checkpoint_*_*.pt"))
+    assert last.read_bytes() == interval.read_bytes()
+    assert not list(save.glob("*.tmp"))
