@@ -24,7 +24,7 @@ def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
+    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = _overrides(args)
@@ -32,7 +32,7 @@ def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
     for override in overrides:
         try:
             parser.parse_override(override)
-        except OverrideParseException as err:
+        except HydraException as err:  # the grammar's errors are not all OverrideParseException
             reason = str(err).strip().splitlines()[0]
             return (f"malformed override '{override}' ({reason}); "
                     "write key=value, group=option, +new_key=value, or a sweep key=a,b with -m")

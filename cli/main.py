@@ -7,13 +7,14 @@ Nothing heavy is imported before a verb is chosen.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-# verb -> (runner module, primary config, one-line help)
+# verb -> (runner module, one-line help); each verb's primary config is configs/<verb>.yaml
 VERBS = {
-    "train": ("hprune.runner.train", "train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
-    "eval": ("hprune.runner.evaluate", "eval", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
-    "data": ("hprune.runner.data", "data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
+    "train": ("hprune.runner.train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
+    "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
+    "data": ("hprune.runner.data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
 }
 NOT_BUILT = {
     "prune": "head pruning (Michel et al., Voita et al.)",
@@ -27,7 +28,7 @@ USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
 
 def _help() -> str:
     lines = [USAGE, "", "verbs:"]
-    lines += [f"  {verb:<8} {desc}" for verb, (_, _, desc) in VERBS.items()]
+    lines += [f"  {verb:<8} {desc}" for verb, (_, desc) in VERBS.items()]
     lines += [f"  {verb:<8} (not built yet) {desc}" for verb, desc in NOT_BUILT.items()]
     lines += ["", "`hprune <verb> --help` lists that verb's config groups and options.",
               "Examples:  hprune train model=transformer_tiny optim.max_update=500",
@@ -37,14 +38,33 @@ def _help() -> str:
 
 
 def fail(verb: str, message: str) -> None:
-    print(f"hprune {verb}: error: {message}".replace("hprune : ", "hprune: "), file=sys.stderr)
+    print(f"{' '.join(['hprune', verb]).strip()}: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def _complete(args: list[str]) -> None:
+    """Hydra's shell completion (`eval "$(hprune -sc install=bash)"`). The installed script calls
+    `hprune -sc query=bash` with the whole line in COMP_LINE: complete the verb, or hand the line without
+    the verb to that verb's app."""
+    words = os.environ.get("COMP_LINE", "").split(" ")
+    verb = words[1] if len(words) > 2 and words[1] in VERBS else None
+    if verb is None and not any(a.startswith(("install=", "uninstall=")) for a in args):
+        prefix = words[1] if len(words) > 1 else ""
+        print(" ".join(v for v in VERBS if v.startswith(prefix)))
+        return
+    if verb is not None:
+        os.environ["COMP_LINE"] = " ".join([words[0], *words[2:]])
+    sys.argv = ["hprune", *args]
+    importlib.import_module(VERBS[verb or "train"][0]).main()
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_help())
+        return
+    if argv[0] in ("-sc", "--shell-completion"):
+        _complete(argv)
         return
     verb, rest = argv[0], argv[1:]
     if verb in NOT_BUILT:
@@ -56,15 +76,14 @@ def main(argv: list[str] | None = None) -> None:
         if rest[0] not in choices:
             fail(verb, f"unknown action '{rest[0]}'; choose one of: {', '.join(choices)}")
         rest = [f"{key}={rest[0]}", *rest[1:]]
-    module, config_name, _ = VERBS[verb]
-    if not any(flag in rest for flag in ("--help", "-h", "--hydra-help", "--shell-completion", "-sc")):
+    if not any(flag in rest for flag in ("--help", "-h", "--hydra-help")):
         from hprune_cli.checks import check_overrides
 
-        problem = check_overrides(config_name, rest)
+        problem = check_overrides(verb, rest)
         if problem:
             fail(verb, problem)
     sys.argv = [f"hprune {verb}", *rest]
-    importlib.import_module(module).main()
+    importlib.import_module(VERBS[verb][0]).main()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_DATA, hprune
+from conftest import HPRUNE, SMALL_DATA, hprune
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> str:
@@ -103,7 +103,16 @@ def test_checkpoint_of_another_architecture(trained_run, tmp_path):
 
 def test_checkpoint_of_another_vocabulary(trained_run, tmp_path):
     other = [o for o in SMALL_DATA if "n_names" not in o] + ["data.params.n_names=30"]
-    assert_one_line_error(eval_error(trained_run, tmp_path, data=other), "-word vocabulary but")
+    assert_one_line_error(eval_error(trained_run, tmp_path, data=other), "vocabulary differs")
+
+
+def test_checkpoint_of_another_vocabulary_whose_data_is_gone(trained_run, tmp_path):
+    """Without the training data at hand, the embedding size still tells a different vocabulary."""
+    state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
+    state["cfg"]["task"]["data"] = str(tmp_path / "moved")
+    torch.save(state, tmp_path / "moved.pt")
+    other = [o for o in SMALL_DATA if "n_names" not in o] + ["data.params.n_names=30"]
+    assert_one_line_error(eval_error(tmp_path / "moved.pt", tmp_path, data=other), "-word vocabulary but")
 
 
 def test_checkpoint_with_mismatched_shapes(trained_run, tmp_path):
@@ -136,3 +145,28 @@ def test_empty_test_set(trained_run, tmp_path):
 @pytest.mark.parametrize("bad", ["device=tpu", "precision=fp8"])
 def test_bad_device_or_precision(trained_run, tmp_path, bad):
     assert_one_line_error(eval_error(trained_run, tmp_path, bad), bad.split("=")[0])
+
+
+def test_shell_completion_routes_to_the_verb():
+    import os
+    env = {**os.environ, "COMP_LINE": "hprune tr", "COMP_POINT": "9"}
+    proc = subprocess.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
+    assert proc.stdout.split() == ["train"]
+    env.update(COMP_LINE="hprune train mod", COMP_POINT="16")
+    proc = subprocess.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
+    assert "model=" in proc.stdout.split(), proc.stdout + proc.stderr
+    env.update(COMP_LINE="hprune train model=transformer_b", COMP_POINT="31")
+    proc = subprocess.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
+    assert "model=transformer_base" in proc.stdout.split(), proc.stdout + proc.stderr
+    proc = subprocess.run([*HPRUNE, "-sc", "install=bash"], capture_output=True, text=True)
+    assert "complete -o nospace -o default -F hydra_bash_completion hprune" in proc.stdout
+
+
+def test_multirun_sweep_writes_one_run_dir_per_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    hprune("train", "-m", "seed=1,2", f"hydra.sweep.dir={sweep}", *SMALL_DATA, "optim.max_update=3",
+           "optim.max_tokens=1024", "device=cpu")
+    import json
+    seeds = sorted(json.loads((sweep / str(job) / "metrics.json").read_text())["seed"] for job in (0, 1))
+    assert seeds == [1, 2]
+    assert (sweep / "multirun.yaml").is_file()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence
@@ -82,7 +83,9 @@ def _to_omegaconf(args) -> DictConfig:
     base, saved = versions.getbase(), Singleton._instances.get(GlobalHydra)
     versions.setbase(Version("1.1"))
     try:
-        return convert_namespace_to_omegaconf(args)
+        with warnings.catch_warnings():  # fairseq's own use of deprecated Hydra APIs is not the user's concern
+            warnings.simplefilter("ignore", UserWarning)
+            return convert_namespace_to_omegaconf(args)
     finally:
         versions.version_base = base
         if saved is not None:
@@ -119,7 +122,9 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     argv += ["--save-dir", str(save_dir), "--seed", str(cfg.seed), "--num-workers", "0",
              "--log-format", "simple", "--log-interval", str(cfg.log_interval),
              "--no-epoch-checkpoints", "--save-interval-updates", str(cfg.save_interval_updates),
-             "--keep-interval-updates", "1", "--keep-best-checkpoints", "0"]
+             "--keep-interval-updates", "1", "--keep-best-checkpoints", "0",
+             # batches rebuilt each epoch from seed+epoch, as a resumed run rebuilds them: resuming is exact
+             "--update-epoch-batch-itr", "True"]
     argv += _precision_flags(device, cfg.precision)
     if device == "cpu":
         argv.append("--cpu")
@@ -198,6 +203,11 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
     if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
         raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
                         f"{cfg.task.source_lang}-{cfg.task.target_lang} data; pass the matching data=...")
+    trained_dict = Path(cfg.task.data) / f"dict.{cfg.task.source_lang}.txt"
+    eval_dict = data_dir / f"dict.{cfg.task.source_lang}.txt"
+    if trained_dict.exists() and trained_dict.read_bytes() != eval_dict.read_bytes():
+        raise UserError(f"{ckpt} was trained on {trained_dict.parent}, whose vocabulary differs from {data_dir}'s; "
+                        "evaluate it with the data settings it was trained with")
     cfg.task.data = str(data_dir)
     task = tasks.setup_task(cfg.task)
     vocab = state["model"]["encoder.embed_tokens.weight"].shape[0]
@@ -232,9 +242,14 @@ class Translations:
 
 
 def generation_argv(gen: DictConfig, split: str, seed: int) -> List[str]:
-    """The fairseq-generate flags for a `generation/` config (shared by `hprune eval` and the comparison tests)."""
+    """The fairseq-generate flags for a `generation/` config (shared by `hprune eval` and the comparison tests).
+
+    `--required-batch-size-multiple 1`: with fairseq-fixed 0.12.3.1's compiled batch_by_size, a final batch
+    that is not a multiple of it is silently dropped (100 test sentences -> 96 translated at the default 8).
+    """
     argv = ["--gen-subset", split, "--beam", str(gen.beam), "--lenpen", str(gen.lenpen),
-            "--max-len-a", str(gen.max_len_a), "--max-len-b", str(gen.max_len_b), "--seed", str(seed)]
+            "--max-len-a", str(gen.max_len_a), "--max-len-b", str(gen.max_len_b), "--seed", str(seed),
+            "--required-batch-size-multiple", "1"]
     if gen.batch_size:
         argv += ["--batch-size", str(gen.batch_size)]
     if gen.max_tokens:
@@ -260,13 +275,14 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
         argv.append("--cpu")
     cfg = _to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv))
     task, model = loaded.task, loaded.model
-    try:
-        task.load_dataset(split, task_cfg=loaded.cfg.task)
-    except FileNotFoundError as err:
-        raise UserError(f"{err}; run `hprune data prepare` for this data set") from None
-    dataset = task.dataset(split)
-    if len(dataset) == 0:
+    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
+    source_bin = Path(loaded.cfg.task.data) / f"{split}.{src}-{tgt}.{src}.bin"
+    if not source_bin.exists():
+        raise UserError(f"{source_bin} is missing; run `hprune data prepare` for this data set, or pick another split=")
+    if source_bin.stat().st_size == 0:  # fairseq cannot even open an empty split
         raise UserError(f"the {split} split in {loaded.cfg.task.data} is empty; nothing to evaluate")
+    task.load_dataset(split, task_cfg=loaded.cfg.task)
+    dataset = task.dataset(split)
     model.prepare_for_inference_(cfg)
     itr = task.get_batch_iterator(
         dataset=dataset, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
@@ -298,6 +314,9 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
                 tgt_dict=task.target_dictionary, remove_bpe=cfg.common_eval.post_process,
                 extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
             hypotheses[sample_id] = decode(text)
+    missing = len(dataset) - len(hypotheses)
+    if missing:
+        raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")
     return Translations([hypotheses[i] for i in range(len(dataset))], len(hypotheses), timer.n, timer.sum)
 
 

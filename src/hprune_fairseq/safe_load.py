@@ -36,16 +36,16 @@ def load_checkpoint(path: str | Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         unsafe = _unsafe_globals(path)
-        if unsafe or "Unsupported global" in str(err) or "weights_only" in str(err):
+        if unsafe or "Unsupported global" in str(err):
             names = ", ".join(unsafe) or "unknown objects"
             raise UnsafeCheckpointError(
                 f"{path} holds pickled objects that are not allow-listed ({names}); refusing to load it "
                 "(nothing was executed). Use a checkpoint written by hprune or fairseq.") from None
-        raise CorruptCheckpointError(f"{path} is not a readable checkpoint ({err}); retrain or copy it again") from None
+        raise CorruptCheckpointError(f"{path} is truncated or not a torch checkpoint; retrain or copy it again") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as err:
-        raise CorruptCheckpointError(
-            f"{path} is truncated or not a torch checkpoint ({str(err).splitlines()[0]}); "
-            "retrain or copy it again") from None
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        raise CorruptCheckpointError(f"{path} is truncated or not a torch checkpoint ({reason}); "
+                                     "retrain or copy it again") from None
     if not isinstance(state, dict) or "model" not in state:
         raise CorruptCheckpointError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
     return state

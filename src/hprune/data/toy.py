@@ -37,7 +37,7 @@ class ToyParams:
     n_adjectives: int = 16
     n_verbs: int = 16
     n_adverbs: int = 8
-    n_names: int = 120
+    n_names: int = 800
     name_min_count: int = 2  # occurrences of each name in the training split
     name_max_count: int = 5
     max_adjectives: int = 2

@@ -5,7 +5,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from .. import backend
 from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
@@ -40,6 +39,8 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def run(cfg: DictConfig) -> dict:
+    from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
+
     ckpt = resolve_checkpoint(cfg.ckpt)
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
@@ -52,7 +53,7 @@ def run(cfg: DictConfig) -> dict:
         "n_params": backend.count_parameters(loaded.model),
         "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
         "tokens_per_s": round(result.tokens / result.seconds, 1), "device": loaded.device,
-        "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()),
+        "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
     }
     out = run_dir()
     write_atomic(out / f"hypotheses.{cfg.split}.txt", "".join(h + "\n" for h in result.hypotheses))

@@ -6,13 +6,14 @@ import time
 
 from omegaconf import DictConfig
 
-from .. import backend
 from ..data.prepare import prepare
 from ..files import git_sha, run_dir, write_atomic, write_json
 from . import hydra_app
 
 
 def run(cfg: DictConfig) -> dict:
+    from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
+
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     out = run_dir()
     save_dir = out / "checkpoints"
