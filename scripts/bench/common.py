@@ -1,6 +1,7 @@
 """Shared helpers for the benchmarks: compose a config, prepare the data, run fairseq CLIs."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 BIN = Path(sys.executable).parent
+logging.basicConfig(level=logging.WARNING)  # fairseq's import-time logging is noise here
 
 
 def config(name: str, overrides: list[str]):

@@ -5,6 +5,8 @@ runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` r
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -92,6 +94,19 @@ def _to_omegaconf(args) -> DictConfig:
             Singleton._instances[GlobalHydra] = saved
 
 
+@contextlib.contextmanager
+def _frozen_heap():
+    """Hide every object allocated so far (fairseq's modules, the model) from the garbage collector while a
+    hot loop runs. fairseq is imported late, inside the Hydra job, and its millions of young objects otherwise
+    make full collections run, and rescan them, during beam search: 25-30% slower, measured."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 # --------------------------------------------------------------------------------------------- binarize
 def binarize(raw_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1) -> None:
     """fairseq-preprocess with a joined dictionary (shared embeddings), train/valid/test splits."""
@@ -140,7 +155,9 @@ def train(argv: Sequence[str]) -> None:
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
     save_dir = Path(args.save_dir)
     _repair_resume_point(save_dir)
-    distributed_utils.call_main(_to_omegaconf(args), fairseq_train.main)
+    cfg = _to_omegaconf(args)
+    with _frozen_heap():
+        distributed_utils.call_main(cfg, fairseq_train.main)
 
 
 def _repair_resume_point(save_dir: Path) -> None:
@@ -300,20 +317,21 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
 
     timer = StopwatchMeter()
     hypotheses: dict[int, str] = {}
-    for sample in itr:
-        sample = utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
-        if "net_input" not in sample:
-            continue
-        timer.start()
-        hypos = task.inference_step(generator, [model], sample)
-        timer.stop(sum(len(h[0]["tokens"]) for h in hypos))
-        for i, sample_id in enumerate(sample["id"].tolist()):
-            best = hypos[i][0]
-            _, text, _ = utils.post_process_prediction(
-                hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=best["alignment"], align_dict=None,
-                tgt_dict=task.target_dictionary, remove_bpe=cfg.common_eval.post_process,
-                extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
-            hypotheses[sample_id] = decode(text)
+    with _frozen_heap():
+        for sample in itr:
+            sample = utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+            if "net_input" not in sample:
+                continue
+            timer.start()
+            hypos = task.inference_step(generator, [model], sample)
+            timer.stop(sum(len(h[0]["tokens"]) for h in hypos))
+            for i, sample_id in enumerate(sample["id"].tolist()):
+                best = hypos[i][0]
+                _, text, _ = utils.post_process_prediction(
+                    hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=best["alignment"], align_dict=None,
+                    tgt_dict=task.target_dictionary, remove_bpe=cfg.common_eval.post_process,
+                    extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
+                hypotheses[sample_id] = decode(text)
     missing = len(dataset) - len(hypotheses)
     if missing:
         raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")

@@ -53,7 +53,8 @@ def run(cfg: DictConfig) -> dict:
         "n_params": backend.count_parameters(loaded.model),
         "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
         "tokens_per_s": round(result.tokens / result.seconds, 1), "device": loaded.device,
-        "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
+        "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(),
+        "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
     }
     out = run_dir()
     write_atomic(out / f"hypotheses.{cfg.split}.txt", "".join(h + "\n" for h in result.hypotheses))
