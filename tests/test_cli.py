@@ -170,3 +170,11 @@ def test_multirun_sweep_writes_one_run_dir_per_job(tmp_path):
     seeds = sorted(json.loads((sweep / str(job) / "metrics.json").read_text())["seed"] for job in (0, 1))
     assert seeds == [1, 2]
     assert (sweep / "multirun.yaml").is_file()
+
+
+def test_half_precision_training_needs_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_DATA, "device=cpu", "precision=bf16", check=False)
+    assert_one_line_error(proc, "precision=bf16 needs a CUDA device for training")
+    assert not (tmp_path / "checkpoints").exists()

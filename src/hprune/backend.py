@@ -49,12 +49,13 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _precision_flags(device: str, precision: str) -> List[str]:
+def _check_precision(device: str, precision: str, training: bool) -> None:
     if precision not in ("fp32", "fp16", "bf16"):
         raise UserError(f"precision={precision} is not one of fp32, fp16, bf16")
-    if precision == "fp16" and device != "cuda":
-        raise UserError("precision=fp16 needs a CUDA device; use precision=fp32 or bf16 on the CPU")
-    return {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
+    if device != "cuda" and (precision == "fp16" or (training and precision == "bf16")):
+        # fairseq trains in bf16 only on CUDA (elsewhere it assumes a TPU); fp16 kernels need CUDA
+        what = "training" if training and precision == "bf16" else "it"
+        raise UserError(f"precision={precision} needs a CUDA device for {what}; use precision=fp32 on the CPU")
 
 
 def _flags(options: DictConfig | dict, skip: Iterable[str] = ()) -> List[str]:
@@ -140,7 +141,8 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
              "--keep-interval-updates", "1", "--keep-best-checkpoints", "0",
              # batches rebuilt each epoch from seed+epoch, as a resumed run rebuilds them: resuming is exact
              "--update-epoch-batch-itr", "True"]
-    argv += _precision_flags(device, cfg.precision)
+    _check_precision(device, cfg.precision, training=True)
+    argv += {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[cfg.precision]
     if device == "cpu":
         argv.append("--cpu")
     return argv
@@ -239,7 +241,7 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
         raise UserError(f"{ckpt} does not match its declared architecture ({detail}); "
                         "retrain it or pass the right checkpoint") from None
     device = resolve_device(device)
-    _precision_flags(device, precision)
+    _check_precision(device, precision, training=False)
     model.eval()
     if precision == "fp16":
         model.half()

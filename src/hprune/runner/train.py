@@ -6,7 +6,7 @@ import time
 
 from omegaconf import DictConfig
 
-from ..data.prepare import prepare
+from ..data.prepare import dataset_dir, prepare
 from ..files import git_sha, run_dir, write_atomic, write_json
 from . import hydra_app
 
@@ -14,10 +14,10 @@ from . import hydra_app
 def run(cfg: DictConfig) -> dict:
     from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
 
-    data_bin = prepare(cfg.data, cfg.paths.data_root)
     out = run_dir()
     save_dir = out / "checkpoints"
-    argv = backend.train_argv(cfg, data_bin, save_dir)
+    argv = backend.train_argv(cfg, dataset_dir(cfg.data, cfg.paths.data_root) / "bin", save_dir)  # checks settings
+    prepare(cfg.data, cfg.paths.data_root)
     write_atomic(out / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
     started = time.perf_counter()
     backend.train(argv)
