@@ -20,23 +20,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from .errors import UserError
 
+try:
+    import fairseq  # noqa: F401
+except ImportError as err:  # raised inside a verb, so the user sees one line
+    raise UserError(f"fairseq is not importable ({err}); run `make install` "
+                    "(it installs fairseq-fixed==0.12.3.1 with --no-deps)") from None
+from fairseq import options
+
+import hprune_fairseq  # registers the model and the safe-loading allow-list
+from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
+
 log = logging.getLogger(__name__)
-
-import hprune_fairseq  # noqa: E402  (registers the model and the safe-loading allow-list)
-from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint  # noqa: E402
-
-PLUGIN_DIR = str(Path(hprune_fairseq.__file__).parent)
+PLUGIN_DIR = str(Path(hprune_fairseq.__file__).parent)  # for `--user-dir`
 HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big")
-
-
-def _fairseq():
-    try:
-        import fairseq  # noqa: F401
-    except ImportError as err:
-        raise UserError(f"fairseq is not importable ({err}); run `make install` "
-                        "(it installs fairseq-fixed==0.12.3.1 with --no-deps)") from None
-    from fairseq import options
-    return options
 
 
 def resolve_device(device: str) -> str:
@@ -111,7 +107,6 @@ def _frozen_heap():
 # --------------------------------------------------------------------------------------------- binarize
 def binarize(raw_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1) -> None:
     """fairseq-preprocess with a joined dictionary (shared embeddings), train/valid/test splits."""
-    options = _fairseq()
     from fairseq_cli import preprocess
 
     argv = ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary", "--destdir", str(dest_dir),
@@ -150,7 +145,6 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
 
 def train(argv: Sequence[str]) -> None:
     """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one."""
-    options = _fairseq()
     from fairseq import distributed_utils
     from fairseq_cli import train as fairseq_train
 
@@ -203,7 +197,6 @@ class Loaded:
 
 def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
     """Load an hprune checkpoint for inference against the dictionaries in data_dir, refusing anything unsafe."""
-    _fairseq()
     from fairseq import checkpoint_utils, tasks
 
     if not ckpt.is_file():
@@ -279,7 +272,6 @@ def generation_argv(gen: DictConfig, split: str, seed: int) -> List[str]:
 def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
               post_process: Optional[str] = None, tokenizer: Optional[str] = None) -> Translations:
     """Beam search over a split exactly as fairseq-generate does it (same batching, generator and post-processing)."""
-    options = _fairseq()
     from fairseq import utils
     from fairseq.logging.meters import StopwatchMeter
     from fairseq_cli.generate import get_symbols_to_strip_from_output
