@@ -36,7 +36,8 @@ test-full: install ## run every test, slow ones included
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install ## benchmarks: ratios measured side by side (scripts/bench/)
-	@for script in scripts/bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+	@for script in $(filter-out %/common.py,$(wildcard scripts/bench/*.py)); do \
+		echo "== $$script"; $(PY) $$script || exit 1; done
 
 lint: install ## static checks
 	$(VENV)/bin/ruff check cli src tests scripts
