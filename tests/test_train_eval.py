@@ -108,3 +108,27 @@ def test_fairseq_batching_bug_that_eval_works_around():
                                            required_batch_size_multiple=multiple)
         return sum(len(b) for b in batches)
     assert sizes(8) == 96 and sizes(1) == 100
+
+
+def test_model_head_mask_in_the_shared_schema(trained_run, evaluated_run):
+    """A {type: [[1/0 per head] per layer]} mask reaches every attention module; all ones changes nothing."""
+    from hprune.backend import load_model
+    loaded = load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+    model = loaded.model
+    assert [(kind, layer) for kind, layer, _ in model.attention_modules()] == [
+        (kind, layer) for kind in ("enc-self", "dec-self", "dec-enc") for layer in range(3)]
+    tokens = torch.tensor([[5, 6, 7, 8, 2]])
+    prev = torch.tensor([[2, 9, 10, 11, 12]])
+
+    def logits():
+        with torch.no_grad():
+            return model(tokens, torch.tensor([5]), prev)[0]
+    reference = logits()
+    ones = {kind: [[1.0] * 4 for _ in range(3)] for kind in ("enc-self", "dec-self", "dec-enc")}
+    model.set_head_mask(ones)
+    torch.testing.assert_close(logits(), reference, atol=0, rtol=0)
+    ones["dec-enc"][2][1] = 0.0
+    model.set_head_mask(ones)
+    assert not torch.allclose(logits(), reference)
+    model.set_head_mask(None)
+    torch.testing.assert_close(logits(), reference, atol=0, rtol=0)

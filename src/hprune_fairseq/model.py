@@ -85,12 +85,6 @@ class HpruneTransformerModel(TransformerModel):
             if layer.encoder_attn is not None:
                 yield "dec-enc", i, layer.encoder_attn
 
-    def head_counts(self) -> Dict[str, List[int]]:
-        counts: Dict[str, List[int]] = {t: [] for t in ATTENTION_TYPES}
-        for kind, _, module in self.attention_modules():
-            counts[kind].append(module.num_heads)
-        return counts
-
     def set_head_mask(self, mask: Optional[Dict[str, List[List[float]]]]) -> None:
         """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""
         for kind, layer, module in self.attention_modules():
