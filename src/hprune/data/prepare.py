@@ -64,7 +64,3 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
     return root / "bin"
-
-
-def raw_dir(data: DictConfig, data_root: str | Path) -> Path:
-    return dataset_dir(data, data_root) / "raw"
