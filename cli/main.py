@@ -38,7 +38,7 @@ def _help() -> str:
 
 
 def fail(verb: str, message: str) -> None:
-    print(f"{' '.join(['hprune', verb]).strip()}: error: {message}", file=sys.stderr)
+    print(f"hprune {verb}: error: {message}" if verb else f"hprune: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -39,11 +39,16 @@ def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
     return Path(data_root).expanduser().absolute() / f"{data.name}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
+def bin_dir(data: DictConfig, data_root: str | Path) -> Path:
+    """The fairseq data-bin folder of a data set (it exists once `prepare` has run)."""
+    return dataset_dir(data, data_root) / "bin"
+
+
 def prepare(data: DictConfig, data_root: str | Path) -> Path:
-    """Build the data set if needed; returns the fairseq data-bin folder."""
+    """Build the data set if needed; returns its data-bin folder."""
     root = dataset_dir(data, data_root)
     if (root / "READY").exists():
-        return root / "bin"
+        return bin_dir(data, data_root)
     from .. import backend  # fairseq is needed only to build
 
     log.info("preparing %s data in %s", data.name, root)
@@ -63,4 +68,4 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
         os.replace(staging, root)
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
-    return root / "bin"
+    return bin_dir(data, data_root)

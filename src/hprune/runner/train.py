@@ -6,7 +6,7 @@ import time
 
 from omegaconf import DictConfig
 
-from ..data.prepare import dataset_dir, prepare
+from ..data.prepare import bin_dir, prepare
 from ..files import git_sha, run_dir, write_atomic, write_json
 from . import hydra_app
 
@@ -16,7 +16,7 @@ def run(cfg: DictConfig) -> dict:
 
     out = run_dir()
     save_dir = out / "checkpoints"
-    argv = backend.train_argv(cfg, dataset_dir(cfg.data, cfg.paths.data_root) / "bin", save_dir)  # checks settings
+    argv = backend.train_argv(cfg, bin_dir(cfg.data, cfg.paths.data_root), save_dir)  # checks the settings first
     prepare(cfg.data, cfg.paths.data_root)
     write_atomic(out / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
     started = time.perf_counter()
