@@ -15,13 +15,14 @@ VERBS = {
     "train": ("hprune.runner.train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
     "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
     "data": ("hprune.runner.data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
+    "prune": ("hprune.runner.prune", "`hprune prune --method michel ckpt=PATH`: score heads, prune, BLEU curve"),
 }
 NOT_BUILT = {
-    "prune": "head pruning (Michel et al., Voita et al.)",
     "analyze": "head-role analysis",
     "report": "result tables and plots over runs",
 }
 POSITIONAL = {"data": ("action", ("prepare",))}  # `hprune data prepare` -> action=prepare
+SUGAR = {"prune": {"--method": "prune"}}  # `hprune prune --method voita` -> prune=voita
 
 USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
 
@@ -33,6 +34,7 @@ def _help() -> str:
     lines += ["", "`hprune <verb> --help` lists that verb's config groups and options.",
               "Examples:  hprune train model=transformer_tiny optim.max_update=500",
               "           hprune eval ckpt=outputs/train/<run>",
+              "           hprune prune --method michel ckpt=outputs/train/<run>",
               "           hprune train -m seed=1,2,3"]
     return "\n".join(lines)
 
@@ -58,6 +60,23 @@ def _complete(args: list[str]) -> None:
     importlib.import_module(VERBS[verb or "train"][0]).main()
 
 
+def _desugar(verb: str, args: list[str]) -> list[str]:
+    """`--method X` / `--method=X` -> `prune=X` (a config-group choice, so sweeps and --help still work)."""
+    flags, out, i = SUGAR.get(verb, {}), [], 0
+    while i < len(args):
+        flag, _, value = args[i].partition("=")
+        if flag in flags:
+            if not value:
+                if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                    fail(verb, f"{flag} needs a value, e.g. {flag} michel")
+                value, i = args[i + 1], i + 1
+            out.append(f"{flags[flag]}={value}")
+        else:
+            out.append(args[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -76,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         if rest[0] not in choices:
             fail(verb, f"unknown action '{rest[0]}'; choose one of: {', '.join(choices)}")
         rest = [f"{key}={rest[0]}", *rest[1:]]
+    rest = _desugar(verb, rest)
     if not any(flag in rest for flag in ("--help", "-h", "--hydra-help")):
         from hprune_cli.checks import check_overrides
 

@@ -90,7 +90,7 @@ def test_incremental_decoding_equals_stock(beam):
 def test_masked_head_contributes_exactly_zero():
     _, ours = pair(self_attention=True)
     x = torch.randn(T, B, E)
-    ours.record_heads = True
+    ours.record_weights = ours.record_outputs = True
     full, _ = ours(x, x, x, need_weights=False)
     context = ours.head_outputs.clone()
     mask = torch.tensor([1.0, 0.0, 1.0, 1.0])
@@ -119,7 +119,7 @@ def test_head_mask_shape_is_checked():
 
 def test_recorded_head_outputs_carry_gradients():
     _, ours = pair(self_attention=True)
-    ours.record_heads = True
+    ours.record_weights = ours.record_outputs = True
     x = torch.randn(T, B, E)
     out, _ = ours(x, x, x, need_weights=False)
     ours.head_outputs.retain_grad()

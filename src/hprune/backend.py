@@ -6,14 +6,17 @@ runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` r
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
+import json
 import logging
+import math
 import os
 import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +34,8 @@ import hprune_fairseq  # registers the model and the safe-loading allow-list
 from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
 
 log = logging.getLogger(__name__)
+# fairseq's iterators always ask for pinned memory; on a CPU-only machine torch warns at every batch iterator
+warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
 PLUGIN_DIR = str(Path(hprune_fairseq.__file__).parent)  # for `--user-dir`
 HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big")
 
@@ -356,3 +361,92 @@ def train_speed() -> dict:
     values = metrics.get_smoothed_values("default")
     return {"train_tokens_per_s": round(float(values.get("wps", 0.0)), 1),
             "train_updates_per_s": round(float(values.get("ups", 0.0)), 3)}
+
+
+# --------------------------------------------------------------------------------------------- batches, loss
+def batches(loaded: Loaded, split: str, max_tokens: int, max_batches: Optional[int] = None,
+            shuffle_seed: Optional[int] = None) -> Iterator[dict]:
+    """Teacher-forcing batches of a split, on the model's device, in a fixed order (or shuffled with a seed)."""
+    from fairseq import utils
+
+    task, data = loaded.task, Path(loaded.cfg.task.data)
+    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
+    source_bin = data / f"{split}.{src}-{tgt}.{src}.bin"
+    if not source_bin.exists():
+        raise UserError(f"{source_bin} is missing; pick a split this data set has (train, valid, test)")
+    if source_bin.stat().st_size == 0:
+        raise UserError(f"the {split} split in {data} is empty; pick another split")
+    task.load_dataset(split, task_cfg=loaded.cfg.task)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=max_tokens, required_batch_size_multiple=1,
+        max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
+        ignore_invalid_inputs=True, seed=shuffle_seed or 1, num_workers=0,
+    ).next_epoch_itr(shuffle=shuffle_seed is not None)
+    for i, sample in enumerate(itr):
+        if max_batches is not None and i >= max_batches:
+            break
+        if "net_input" in sample:
+            yield utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+
+
+def build_criterion(loaded: Loaded):
+    """The training criterion recorded in the checkpoint (label-smoothed cross-entropy for hprune models)."""
+    return loaded.task.build_criterion(loaded.cfg.criterion)
+
+
+@torch.no_grad()
+def split_loss(loaded: Loaded, criterion, split: str, max_tokens: int) -> dict:
+    """The criterion's loss and the NLL per target token on a split, in bits, as fairseq's validation reports."""
+    loaded.model.eval()
+    loss = nll = sample_size = ntokens = 0.0
+    for sample in batches(loaded, split, max_tokens):
+        value, size, logging = criterion(loaded.model, sample)
+        loss, nll = loss + float(value), nll + float(logging["nll_loss"])
+        sample_size, ntokens = sample_size + size, ntokens + logging["ntokens"]
+    return {"loss": loss / sample_size / math.log(2), "nll_loss": nll / ntokens / math.log(2)}
+
+
+def finetune(loaded: Loaded, criterion, updates: int, lr: float, max_tokens: int, seed: int) -> None:
+    """A few Adam updates on the train split with the model's current head mask held fixed (masked heads get
+    zero gradient, so they stay removed)."""
+    model = loaded.model
+    vars(model).pop("train", None)  # fairseq's make_generation_fast_ locks train(); it only dropped attn outputs
+    model._is_generation_fast = False
+    model.train()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98))
+    done, epoch = 0, 0
+    while done < updates:
+        epoch += 1
+        for sample in batches(loaded, "train", max_tokens, shuffle_seed=seed + epoch):
+            loss, sample_size, _ = criterion(model, sample)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / sample_size).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            done += 1
+            if done == updates:
+                break
+    model.eval()
+
+
+# --------------------------------------------------------------------------------------------- physical pruning
+def export_pruned(loaded: Loaded, kept: dict, dest: Path) -> torch.nn.Module:
+    """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), in fp32.
+
+    The kept ids go into the checkpoint's model config (`kept_heads`), from which the plugin rebuilds the
+    pruned shapes before loading the weights; the optimizer state (shaped for the full model) is dropped.
+    Returns the pruned model (on the CPU).
+    """
+    model = copy.deepcopy(loaded.model).float().cpu()
+    model.set_head_mask(None)
+    model.keep_heads(kept)
+    state = load_checkpoint(loaded.path)
+    state["model"] = model.state_dict()
+    model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
+    setattr(model_cfg, "kept_heads", json.dumps(kept, separators=(",", ":")))
+    state["last_optimizer_state"] = None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, dest)
+    return model

@@ -1,11 +1,14 @@
 """One attention module for every attention in the model: fairseq's MultiheadAttention with head control.
 
 Compared with the stock module it adds, in one place:
-  * `head_mask`: a (num_heads,) tensor, 1 keeps a head and 0 drops it; applied to each head's output
-    (the context vector) before `out_proj`, so a dropped head contributes exactly nothing;
-  * `record_heads`: keep the last call's per-head attention weights and per-head outputs (for head roles and
-    gradient importance; `head_outputs` stays in the autograd graph);
+  * `head_mask`: 1 keeps a head and 0 drops it; applied to each head's output (the context vector) before
+    `out_proj`, so a dropped head contributes exactly nothing;
+  * `record_weights` / `record_outputs`: keep the last call's per-head attention weights and per-head outputs
+    (for head roles and gradient importance; `head_outputs` stays in the autograd graph);
+  * `prune_heads`: physical removal of heads (q/k/v rows and out_proj columns); a module left with no head
+    returns its out_proj bias;
   * torch SDPA whenever no attention weights are needed.
+Heads keep their original ids (`head_ids`) through pruning, so masks always have the unpruned layout.
 It never takes fairseq's fast path (`F.multi_head_attention_forward`), which would silently skip the mask
 and return head-averaged weights even when per-head ones are asked for.
 Parameters and state-dict keys are the stock module's, so stock weights load unchanged.
@@ -25,17 +28,44 @@ class HeadAttention(MultiheadAttention):
         super().__init__(*args, **kwargs)
         if self.bias_k is not None or self.add_zero_attn or self.use_xformers:
             raise NotImplementedError("HeadAttention supports neither add_bias_kv, add_zero_attn nor xformers")
+        self.total_heads = self.num_heads  # before any pruning: the length of a head mask
+        self.head_ids = list(range(self.num_heads))  # original ids of the heads still present
+        # (heads present,) or anything that broadcasts against (batch, heads present, tgt_len, 1)
         self.head_mask: Optional[Tensor] = None
-        self.record_heads = False
-        self.head_weights: Optional[Tensor] = None  # (batch, heads, tgt_len, src_len), when recorded
-        self.head_outputs: Optional[Tensor] = None  # (batch, heads, tgt_len, head_dim), when recorded
+        self.record_weights = self.record_outputs = False
+        self.head_weights: Optional[Tensor] = None  # (batch, heads present, tgt_len, src_len), when recorded
+        self.head_outputs: Optional[Tensor] = None  # (batch, heads present, tgt_len, head_dim), when recorded
 
-    def set_head_mask(self, mask: Optional[Tensor]) -> None:
+    def set_head_mask(self, mask) -> None:
+        """mask: one value per original head (total_heads), or None to keep every head present."""
         if mask is not None:
             mask = torch.as_tensor(mask, dtype=torch.float32, device=self.q_proj.weight.device)
-            if mask.shape != (self.num_heads,):
-                raise ValueError(f"head mask has shape {tuple(mask.shape)}, expected ({self.num_heads},)")
+            if mask.shape != (self.total_heads,):
+                raise ValueError(f"head mask has shape {tuple(mask.shape)}, expected ({self.total_heads},)")
+            mask = mask[self.head_ids]
         self.head_mask = mask
+
+    @torch.no_grad()
+    def prune_heads(self, keep_ids) -> None:
+        """Physically keep only the heads whose original ids are in keep_ids (numerically the same as masking
+        the others): q/k/v rows and out_proj columns are sliced, out_proj's bias stays."""
+        unknown = set(keep_ids) - set(self.head_ids)
+        if unknown:
+            raise ValueError(f"heads {sorted(unknown)} are not present (present: {self.head_ids})")
+        local = [i for i, h in enumerate(self.head_ids) if h in set(keep_ids)]
+        rows = torch.tensor([i * self.head_dim + d for i in local for d in range(self.head_dim)], dtype=torch.long,
+                            device=self.q_proj.weight.device)
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            proj.weight = torch.nn.Parameter(proj.weight.index_select(0, rows))
+            if proj.bias is not None:
+                proj.bias = torch.nn.Parameter(proj.bias.index_select(0, rows))
+            proj.out_features = len(rows)
+        self.out_proj.weight = torch.nn.Parameter(self.out_proj.weight.index_select(1, rows))
+        self.out_proj.in_features = len(rows)
+        if self.head_mask is not None and self.head_mask.dim() == 1:
+            self.head_mask = self.head_mask[local]
+        self.head_ids = [self.head_ids[i] for i in local]
+        self.num_heads = len(local)
 
     def _heads(self, x: Tensor) -> Tensor:
         """(len, batch, heads*head_dim) -> (batch, heads, len, head_dim)"""
@@ -59,6 +89,9 @@ class HeadAttention(MultiheadAttention):
         need_weights = need_weights or need_head_weights
         tgt_len, bsz, _ = query.size()
         H, D = self.num_heads, self.head_dim
+        if H == 0:  # every head removed: the sublayer adds its out_proj bias, nothing else
+            out = query.new_zeros(tgt_len, bsz, self.out_proj.out_features)
+            return (out if self.out_proj.bias is None else out + self.out_proj.bias.to(out.dtype)), None
 
         saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
         if saved_state is not None and static_kv and "prev_key" in saved_state:
@@ -104,7 +137,7 @@ class HeadAttention(MultiheadAttention):
 
         dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
         weights = None
-        if need_weights or self.record_heads:
+        if need_weights or self.record_weights:
             scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))
             if mask is not None:
                 scores = scores + mask
@@ -119,9 +152,12 @@ class HeadAttention(MultiheadAttention):
                 weights = weights.reshape(kv_bsz, H, beams, tgt_len, src_len).transpose(1, 2)
                 weights = weights.reshape(bsz, H, tgt_len, src_len)
         if self.head_mask is not None:
-            context = context * self.head_mask.to(context.dtype).view(1, H, 1, 1)
-        if self.record_heads:
-            self.head_weights, self.head_outputs = weights, context
+            mask = self.head_mask.to(context.dtype)
+            context = context * (mask.view(1, H, 1, 1) if mask.dim() == 1 else mask)
+        if self.record_weights:
+            self.head_weights = weights
+        if self.record_outputs:
+            self.head_outputs = context
 
         out = self.out_proj(context.permute(2, 0, 1, 3).reshape(tgt_len, bsz, H * D))
         if not need_weights:

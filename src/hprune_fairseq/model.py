@@ -3,9 +3,14 @@
 Everything but the attention modules is stock fairseq (embeddings, FFN, layer norms, incremental decoding),
 and the state-dict keys are the stock `transformer` ones. The three attention types are named as in
 Voita et al.: enc-self, dec-self, dec-enc.
+
+A physically pruned model records the heads it kept in its config (`--kept-heads`, JSON in the head-mask
+layout: {type: [[original head ids] per layer]}); `build_model` removes the others before the weights are
+loaded, so stock `fairseq-generate --user-dir` reloads pruned checkpoints too.
 """
 from __future__ import annotations
 
+import json
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from fairseq.distributed import fsdp_wrap
@@ -67,6 +72,20 @@ class HeadDecoder(TransformerDecoderBase):
 @register_model("hprune_transformer")
 class HpruneTransformerModel(TransformerModel):
     @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--kept-heads", type=str, default=None, metavar="JSON",
+                            help="heads kept by physical pruning: {type: [[head ids] per layer]}; written by "
+                                 "`hprune prune`, not meant to be typed")
+
+    @classmethod
+    def build_model(cls, args, task):
+        model = super().build_model(args, task)
+        if getattr(args, "kept_heads", None):
+            model.keep_heads(json.loads(args.kept_heads))
+        return model
+
+    @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return HeadEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
 
@@ -90,11 +109,23 @@ class HpruneTransformerModel(TransformerModel):
         for kind, layer, module in self.attention_modules():
             module.set_head_mask(None if mask is None else mask[kind][layer])
 
-    def record_heads(self, enabled: bool = True) -> None:
+    def record_heads(self, weights: bool = False, outputs: bool = False) -> None:
+        """Keep each attention's last per-head weights and/or outputs (`head_weights`, `head_outputs`)."""
         for _, _, module in self.attention_modules():
-            module.record_heads = enabled
-            if not enabled:
-                module.head_weights = module.head_outputs = None
+            module.record_weights, module.record_outputs = weights, outputs
+            module.head_weights = module.head_outputs = None
+
+    def present_heads(self) -> Dict[str, List[List[int]]]:
+        """The original ids of the heads each layer still has, in the head-mask layout."""
+        kept: Dict[str, List[List[int]]] = {}
+        for kind, _, module in self.attention_modules():
+            kept.setdefault(kind, []).append(list(module.head_ids))
+        return kept
+
+    def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
+        """Physically remove every head not listed (see HeadAttention.prune_heads)."""
+        for kind, layer, module in self.attention_modules():
+            module.prune_heads(kept[kind][layer])
 
 
 @register_model_architecture("hprune_transformer", "hprune_transformer")

@@ -1,0 +1,106 @@
+"""Heads as table rows, the shared head-mask schema, and choosing which heads to prune.
+
+A head is (type, layer, head) with the head's original id, so a physically pruned model keeps its ids.
+A head mask is `{"enc-self": [[1, 0, ...] per layer], "dec-self": ..., "dec-enc": ...}` (1 = alive), over the
+unpruned layout; Michel et al.'s `E:layer:head` ids (1-based; E enc-self, D dec-self, A dec-enc) are a view of it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterable, List, Set, Tuple
+
+import pandas as pd
+
+from ..errors import UserError
+
+ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
+MICHEL_PREFIX = {"enc-self": "E", "dec-self": "D", "dec-enc": "A"}
+Head = Tuple[str, int, int]
+Mask = Dict[str, List[List[int]]]
+
+
+def present_heads(model) -> List[Head]:
+    """Every head the model still has, in a fixed order (type, layer, original id)."""
+    return [(kind, layer, h) for kind, layer, module in model.attention_modules() for h in module.head_ids]
+
+
+def layout(model) -> Dict[str, List[int]]:
+    """{type: [unpruned heads per layer]}: the shape of a head mask for this model."""
+    shape: Dict[str, List[int]] = {}
+    for kind, _, module in model.attention_modules():
+        shape.setdefault(kind, []).append(module.total_heads)
+    return shape
+
+
+def mask_without(model, pruned: Iterable[Head]) -> Mask:
+    """The head mask that keeps every present head except `pruned` (heads already removed stay 0)."""
+    pruned = set(pruned)
+    mask = {kind: [[0] * n for n in per_layer] for kind, per_layer in layout(model).items()}
+    for kind, layer, h in present_heads(model):
+        mask[kind][layer][h] = 0 if (kind, layer, h) in pruned else 1
+    return mask
+
+
+def kept_ids(mask: Mask) -> Dict[str, List[List[int]]]:
+    """{type: [[ids of alive heads] per layer]}, the form physical pruning stores in a checkpoint."""
+    return {kind: [[h for h, alive in enumerate(row) if alive] for row in rows] for kind, rows in mask.items()}
+
+
+def heads_kept(mask: Mask) -> Dict[str, int]:
+    return {kind: sum(sum(row) for row in rows) for kind, rows in mask.items()}
+
+
+def michel_id(head: Head) -> str:
+    kind, layer, h = head
+    return f"{MICHEL_PREFIX[kind]}:{layer + 1}:{h + 1}"
+
+
+def check_types(types: Iterable[str]) -> List[str]:
+    types = list(types)
+    unknown = [t for t in types if t not in ATTENTION_TYPES]
+    if unknown or not types:
+        raise UserError(f"unknown attention type(s) {unknown or '[]'} in prune.types; choose from {', '.join(ATTENTION_TYPES)}")
+    return types
+
+
+def heads_to_prune(pool: int, pct: float) -> int:
+    """ceil(pool * pct / 100), as Michel et al.'s prune.py counts; exact for decimal percentages."""
+    return math.ceil(round(pool * pct / 100, 9))
+
+
+def max_prunable(pool_heads: List[Head], min_heads_per_layer: int) -> int:
+    per_layer: Dict[Tuple[str, int], int] = {}
+    for kind, layer, _ in pool_heads:
+        per_layer[(kind, layer)] = per_layer.get((kind, layer), 0) + 1
+    return sum(max(0, n - min_heads_per_layer) for n in per_layer.values())
+
+
+def ranked(scores: pd.DataFrame) -> pd.DataFrame:
+    """Scores sorted from least to most important; ties broken by type, layer and head, so the order is the
+    same on every run. Adds `rank` (1 = most important)."""
+    order = scores.assign(_type=scores["type"].map(ATTENTION_TYPES.index))
+    order = order.sort_values(["importance", "_type", "layer", "head"], kind="stable").drop(columns="_type")
+    order["rank"] = range(len(order), 0, -1)
+    return order.reset_index(drop=True)
+
+
+def extend_pruned(scores: pd.DataFrame, pruned: Set[Head], n_total: int, pool: Set[Head],
+                  min_heads_per_layer: int) -> Set[Head]:
+    """Add the least important pool heads to `pruned` until it holds n_total heads, never leaving a layer
+    with fewer than min_heads_per_layer alive heads."""
+    pruned = set(pruned)
+    alive: Dict[Tuple[str, int], int] = {}
+    for kind, layer, h in pool - pruned:
+        alive[(kind, layer)] = alive.get((kind, layer), 0) + 1
+    for row in ranked(scores).itertuples(index=False):
+        if len(pruned) >= n_total:
+            break
+        head = (row.type, int(row.layer), int(row.head))
+        if head not in pool or head in pruned or alive[head[:2]] <= min_heads_per_layer:
+            continue
+        pruned.add(head)
+        alive[head[:2]] -= 1
+    if len(pruned) < n_total:
+        raise UserError(f"cannot prune {n_total} heads: only {len(pruned)} can go with "
+                        f"prune.min_heads_per_layer={min_heads_per_layer}; lower the percentage or that minimum")
+    return pruned

@@ -1,0 +1,129 @@
+"""Per-head scores that order heads for pruning; a higher score means a more important head.
+
+Each function returns a DataFrame (type, layer, head, importance) over the heads the model still has.
+
+* `michel`: Michel et al. 2019's head importance, as their MT code computed it. With ctx_{h,t} a head's output
+  before out_proj at token t, I_h = (1/N_tokens) Σ_t |⟨ctx_{h,t}, ∂L/∂ctx_{h,t}⟩| = E_t |∂L/∂ξ_{h,t}| at ξ = 1,
+  L the training criterion in eval mode. One forward and one backward per batch give every head of every
+  attention type; the backward asks autograd only for the head outputs' gradients, so no weight gradient is
+  computed.
+* `confidence`: Voita et al. 2019's mean maximum attention weight, EOS excluded.
+* `magnitude`: Σ|W| + Σ|b| of the head's q/k/v rows, the L1 criterion of fairseq's
+  `MultiheadAttention._get_reserve_head_index` (used for RoBERTa).
+* `random`: uniform scores from a seeded generator.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Tuple
+
+import pandas as pd
+import torch
+
+METHODS = ("michel", "confidence", "magnitude", "random")
+
+
+def _table(model, values: Dict[Tuple[str, int], torch.Tensor]) -> pd.DataFrame:
+    """{(type, layer): (heads present,) scores} -> rows, heads under their original ids."""
+    rows = []
+    for kind, layer, module in model.attention_modules():
+        for local, h in enumerate(module.head_ids):
+            rows.append((kind, layer, h, float(values[(kind, layer)][local])))
+    return pd.DataFrame(rows, columns=["type", "layer", "head", "importance"])
+
+
+def _non_pad(sample: dict, pad: int) -> Dict[str, torch.Tensor]:
+    """Query positions that are real tokens, per attention type: (batch, len) booleans."""
+    source = sample["net_input"]["src_tokens"].ne(pad)
+    target = sample["target"].ne(pad)
+    return {"enc-self": source, "dec-self": target, "dec-enc": target}
+
+
+def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFrame, Dict[str, int]]:
+    """Head importance summed over batches, divided by the non-pad query tokens of its side (source tokens for
+    enc-self, target tokens for the decoder's two). Returns the table and the token counts."""
+    model.eval()
+    modules = list(model.attention_modules())
+    totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in modules}
+    tokens = {"enc-self": 0, "dec-self": 0, "dec-enc": 0}
+    model.record_heads(outputs=True)
+    try:
+        for sample in batches:
+            loss, _, _ = criterion(model, sample)
+            recorded = [(kind, layer, m.head_outputs) for kind, layer, m in modules if m.head_outputs is not None]
+            grads = torch.autograd.grad(loss, [out for _, _, out in recorded], allow_unused=True)
+            real = _non_pad(sample, pad)
+            for (kind, layer, out), grad in zip(recorded, grads):
+                if grad is None:  # a head set that cannot reach the loss (all masked)
+                    continue
+                per_token = (out.float() * grad.float()).sum(-1)  # (batch, heads, len)
+                per_token = per_token * real[kind].unsqueeze(1)
+                totals[(kind, layer)] += per_token.abs().sum((0, 2)).double().cpu()
+            for kind in tokens:
+                tokens[kind] += int(real[kind].sum())
+    finally:
+        model.record_heads()
+    if not tokens["enc-self"]:
+        raise ValueError("no batches: head importance needs at least one sentence")
+    values = {(kind, layer): total / tokens[kind] for (kind, layer), total in totals.items()}
+    return _table(model, values), tokens
+
+
+@torch.no_grad()
+def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFrame:
+    """Mean over real query tokens of the largest weight a head puts on a real key other than EOS (fairseq's
+    decoder input starts with EOS, so dec-self's first position, which can only see it, is left out)."""
+    model.eval()
+    modules = list(model.attention_modules())
+    totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in modules}
+    counts = {(kind, layer): 0 for kind, layer, _ in modules}
+    model.record_heads(weights=True)
+    try:
+        for sample in batches:
+            model(**sample["net_input"])
+            source, decoder_in = sample["net_input"]["src_tokens"], sample["net_input"]["prev_output_tokens"]
+            real = _non_pad(sample, pad)
+            for kind, layer, m in modules:
+                if m.head_weights is None:
+                    continue
+                keys = decoder_in if kind == "dec-self" else source
+                key_ok = keys.ne(pad) & keys.ne(eos)  # (batch, src_len)
+                reachable = key_ok.unsqueeze(1)  # (batch, 1 or tgt_len, src_len)
+                if kind == "dec-self":
+                    causal = torch.ones(keys.size(1), keys.size(1), dtype=torch.bool, device=keys.device).tril()
+                    reachable = reachable & causal
+                query_ok = real[kind] & reachable.any(-1)
+                best = m.head_weights.float().masked_fill(~key_ok[:, None, None, :], 0.0).amax(-1)
+                totals[(kind, layer)] += (best * query_ok.unsqueeze(1)).sum((0, 2)).double().cpu()
+                counts[(kind, layer)] += int(query_ok.sum())
+    finally:
+        model.record_heads()
+    return _table(model, {key: total / max(counts[key], 1) for key, total in totals.items()})
+
+
+@torch.no_grad()
+def magnitude(model) -> pd.DataFrame:
+    values = {}
+    for kind, layer, m in model.attention_modules():
+        per_head = torch.zeros(m.num_heads, dtype=torch.float64)
+        for proj in (m.q_proj, m.k_proj, m.v_proj):
+            per_head += proj.weight.abs().double().sum(1).view(m.num_heads, m.head_dim).sum(1).cpu()
+            if proj.bias is not None:
+                per_head += proj.bias.abs().double().view(m.num_heads, m.head_dim).sum(1).cpu()
+        values[(kind, layer)] = per_head
+    return _table(model, values)
+
+
+def random(model, seed: int) -> pd.DataFrame:
+    """Uniform scores drawn per head in the unpruned layout, so a head's score does not depend on which other
+    heads were removed."""
+    generator = torch.Generator().manual_seed(seed)
+    values = {}
+    for kind, layer, m in model.attention_modules():
+        values[(kind, layer)] = torch.rand(m.total_heads, generator=generator, dtype=torch.float64)[m.head_ids]
+    return _table(model, values)
+
+
+def normalize_by_layer(scores: pd.DataFrame) -> pd.DataFrame:
+    """I_{l,h} / ||I_l||_2 within each (type, layer), as Michel et al.'s --normalize-by-layer."""
+    norms = scores.groupby(["type", "layer"])["importance"].transform(lambda s: (s.pow(2).sum()) ** 0.5 + 1e-20)
+    return scores.assign(importance=scores["importance"] / norms)

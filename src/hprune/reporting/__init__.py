@@ -1,0 +1,1 @@
+"""Result files: Markdown tables and matplotlib plots, written atomically."""
