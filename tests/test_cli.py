@@ -46,7 +46,7 @@ def test_unknown_verb():
 
 
 def test_verb_not_built_yet():
-    assert_one_line_error(hprune("prune", check=False), "not built yet")
+    assert_one_line_error(hprune("report", check=False), "not built yet")
 
 
 def test_unknown_group_option_lists_valid_ones():

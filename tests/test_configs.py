@@ -7,7 +7,8 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 CONFIG_DIR = Path(hprune_configs.__file__).parent
-GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation"], "data": ["data"]}
+GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation"], "data": ["data"],
+          "prune": ["prune", "data", "generation"]}
 
 
 def options(group):
@@ -60,3 +61,13 @@ def test_train_config_maps_to_fairseq_flags(tmp_path):
     assert "--arch hprune_transformer" in joined and "--max-update 7" in joined
     assert "--share-all-embeddings" in argv and "--cpu" in argv and "--max-epoch" not in argv
     assert argv[argv.index("--adam-betas") + 1] == "(0.9, 0.98)"
+
+
+@pytest.mark.parametrize("method", ["random", "magnitude", "confidence"])
+def test_baseline_methods_inherit_the_michel_settings(method):
+    with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+        michel = compose(config_name="prune", overrides=["ckpt=x"])
+        other = compose(config_name="prune", overrides=["ckpt=x", f"prune={method}", "prune.step_pct=5"])
+    assert other.prune.method == method and other.prune.step_pct == 5
+    assert {k: v for k, v in other.prune.items() if k not in ("method", "step_pct")} == \
+           {k: v for k, v in michel.prune.items() if k not in ("method", "step_pct")}

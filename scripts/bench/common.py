@@ -35,3 +35,24 @@ def run(cmd: list[str]) -> str:
 
 def floats(pattern: str, text: str) -> list[float]:
     return [float(x) for x in re.findall(pattern, text)]
+
+
+def demo_checkpoint(tmp: str) -> Path:
+    """outputs/demo's model (from `make demo`) when present, else a short training run in tmp."""
+    demo = Path("outputs/demo/checkpoints/checkpoint_best.pt")
+    if demo.exists():
+        return demo
+    run([str(BIN / "hprune"), "train", f"hydra.run.dir={tmp}/train", "optim.max_update=300", "device=cpu"])
+    return Path(tmp) / "train" / "checkpoints" / "checkpoint_best.pt"
+
+
+def base_checkpoint() -> Path:
+    """A transformer_base-sized model (Vaswani et al. dimensions, 8 heads) on the synthetic task's vocabulary,
+    for speed measurements that should not be dominated by Python overhead. Its weights barely matter (one
+    update), so it is built once and kept in outputs/bench/."""
+    out = Path("outputs/bench/transformer_base")
+    ckpt = out / "checkpoints" / "checkpoint_last.pt"
+    if not ckpt.exists():
+        run([str(BIN / "hprune"), "train", f"hydra.run.dir={out}", "model=transformer_base", "optim.max_update=1",
+             "optim.max_tokens=1024", "device=cpu"])
+    return ckpt

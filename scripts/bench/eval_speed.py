@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import BIN, config, floats, prepared_data, run
+from common import BIN, config, demo_checkpoint, floats, prepared_data, run
 from sacrebleu.metrics import BLEU
 
 from hprune.backend import PLUGIN_DIR, generation_argv
@@ -23,14 +23,6 @@ ROUNDS = 4
 LONGER_TEST = ["data.params.n_test=2000"]
 
 
-def checkpoint(tmp: str) -> Path:
-    demo = Path("outputs/demo/checkpoints/checkpoint_best.pt")
-    if demo.exists():
-        return demo
-    run([str(BIN / "hprune"), "train", f"hydra.run.dir={tmp}/train", "optim.max_update=300", "device=cpu"])
-    return Path(tmp) / "train" / "checkpoints" / "checkpoint_best.pt"
-
-
 def main() -> None:
     overrides = LONGER_TEST + sys.argv[1:]
     cfg = config("eval", ["device=cpu", "ckpt=unused"] + overrides)
@@ -39,7 +31,7 @@ def main() -> None:
     speeds: dict[str, list[float]] = {"fairseq-generate": [], "hprune eval": []}
     bleus: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = checkpoint(tmp)
+        ckpt = demo_checkpoint(tmp)
         for i in range(ROUNDS):
             log = run([str(BIN / "fairseq-generate"), str(data), "--path", str(ckpt), "--user-dir", PLUGIN_DIR,
                        *generation_argv(cfg.generation, "test", cfg.seed), "--cpu"])

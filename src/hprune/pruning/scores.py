@@ -55,7 +55,7 @@ def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.Data
             for (kind, layer, out), grad in zip(recorded, grads):
                 if grad is None:  # a head set that cannot reach the loss (all masked)
                     continue
-                per_token = (out.float() * grad.float()).sum(-1)  # (batch, heads, len)
+                per_token = (out.detach().float() * grad.float()).sum(-1)  # (batch, heads, len)
                 per_token = per_token * real[kind].unsqueeze(1)
                 totals[(kind, layer)] += per_token.abs().sum((0, 2)).double().cpu()
             for kind in tokens:

@@ -1,0 +1,122 @@
+"""`hprune prune` end to end through the CLI, and its answers to bad input."""
+from __future__ import annotations
+
+import json
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import SMALL_DATA, hprune
+from test_cli import assert_one_line_error
+
+pytest.importorskip("fairseq")
+TYPES = ("enc-self", "dec-self", "dec-enc")
+
+
+@pytest.fixture(scope="session")
+def pruned_run(trained_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("prune") / "run"
+    started = time.perf_counter()
+    proc = hprune("prune", "--method", "michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA,
+                  "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random]", "prune.export=true")
+    return out, time.perf_counter() - started, proc.stdout
+
+
+def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
+    out, seconds, stdout = pruned_run
+    # the curve and both ablations (55 BLEU evaluations here), plus a baseline order and the export
+    assert seconds < 240, seconds
+    metrics = json.loads((out / "metrics.json").read_text())
+    curve = pd.read_csv(out / "curve.csv")
+    assert list(curve["order"].unique()) == ["michel", "random"]
+    michel = curve[curve["order"] == "michel"]
+    assert list(michel["pct_target"]) == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90]
+    assert list(michel["heads_pruned"]) == [0, 4, 8, 11, 15, 18, 22, 26, 29, 33]  # ceil(36 * pct / 100)
+    kept = michel[["kept_enc_self", "kept_dec_self", "kept_dec_enc"]].sum(axis=1)
+    assert list(kept) == [36 - n for n in michel["heads_pruned"]]
+    # 0 % pruned is the unpruned model: exactly `hprune eval`'s BLEU
+    assert michel["bleu"].iloc[0] == evaluated_run[1]["bleu"] == metrics["bleu_unpruned"]
+    assert michel["bleu"].iloc[-1] < michel["bleu"].iloc[0]
+    assert "| order | heads_pruned |" in (out / "curve.md").read_text() and "| michel | 0 |" in stdout
+
+    importance = pd.read_csv(out / "head_importance.csv")
+    assert len(importance) == 36 and sorted(importance["rank"]) == list(range(1, 37))
+    assert set(importance.columns) >= {"type", "layer", "head", "id", "importance", "rank"}
+    norms = importance.groupby(["type", "layer"])["importance"].apply(lambda s: (s ** 2).sum())
+    assert norms.to_numpy() == pytest.approx(1.0)
+
+    single = pd.read_csv(out / "ablation_single.csv")
+    assert len(single) == 36 and set(single["type"]) == set(TYPES)
+    assert (single["delta_bleu"] == (single["bleu"] - metrics["bleu_unpruned"]).round(4)).all()
+    one_head = pd.read_csv(out / "ablation_one_head.csv")
+    assert len(one_head) == 9 and (one_head["heads_removed"] == 3).all()
+    top = importance.loc[importance.groupby(["type", "layer"])["importance"].idxmax()]
+    assert sorted(zip(top["type"], top["layer"], top["head"])) == sorted(
+        zip(one_head["type"], one_head["layer"], one_head["kept_head"]))
+
+    mask = json.loads((out / "head_mask.json").read_text())
+    assert set(mask) == set(TYPES) and all(len(rows) == 3 and all(len(r) == 4 for r in rows) for rows in mask.values())
+    chosen = michel[michel["pct_pruned"] == metrics["pct_pruned"]].iloc[0]
+    assert sum(map(sum, (r for rows in mask.values() for r in rows))) == 36 - chosen["heads_pruned"]
+    assert chosen["delta_bleu"] >= -1.0 and metrics["bleu"] == chosen["bleu"]
+    assert metrics["export_same_translations"] and metrics["export_bleu"] == metrics["bleu"]
+    assert metrics["export_max_abs_diff"] < 1e-4
+    assert (metrics["n_params_pruned"] < metrics["n_params"]) == (chosen["heads_pruned"] > 0)
+    assert (out / "checkpoints" / "checkpoint_pruned.pt").is_file()
+    for plot in ("curve.png", "head_importance.png"):
+        assert (out / plot).stat().st_size > 10_000
+
+
+def test_target_percentage_and_reestimation(trained_run, tmp_path):
+    out = tmp_path / "run"
+    hprune("prune", "--method=magnitude", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.step_pct=50", "prune.target_pct=25", "prune.reestimate=true", "prune.min_heads_per_layer=1",
+           "prune.types=[enc-self,dec-self]")
+    metrics = json.loads((out / "metrics.json").read_text())
+    curve = pd.read_csv(out / "curve.csv")
+    assert list(curve["pct_target"]) == [0, 25, 50]
+    assert list(curve["heads_pruned"]) == [0, 6, 12]  # of the 24 enc-self and dec-self heads
+    assert (curve["kept_dec_enc"] == 12).all()
+    assert metrics["pct_pruned"] == 25 and metrics["kept_dec_enc"] == 12
+    mask = json.loads((out / "head_mask.json").read_text())
+    assert all(sum(row) >= 1 for kind in ("enc-self", "dec-self") for row in mask[kind])
+
+
+def run_error(trained_run, tmp_path, *extra, ckpt=None):
+    out = tmp_path / "run"
+    proc = hprune("prune", f"ckpt={ckpt or trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", *extra,
+                  check=False)
+    # nothing half-written: no result file of any kind
+    assert not [p.name for p in out.glob("*") if p.name not in (".hydra", "prune.log")]
+    return proc
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["prune.step_pct=0"], "prune.step_pct=0 is outside (0, 100]"),
+    (["prune.step_pct=150"], "prune.step_pct=150 is outside (0, 100]"),
+    (["prune.target_pct=150"], "cannot prune more heads than exist"),
+    (["prune.min_heads_per_layer=4"], "is more than can be pruned with prune.min_heads_per_layer=4"),
+    (["prune.importance.split=nosuch"], "nosuch.src-tgt.src.bin is missing"),
+    (["prune.importance.max_batches=0"], "leaves no data to score heads on"),
+    (["prune.types=[enc-self,cross]"], "unknown attention type(s) ['cross']"),
+    (["prune.baselines=[voita]"], "unknown pruning order 'voita'"),
+])
+def test_bad_settings(trained_run, tmp_path, extra, expected):
+    assert_one_line_error(run_error(trained_run, tmp_path, *extra), expected)
+
+
+def test_checkpoint_that_is_not_an_hprune_model(trained_run, tmp_path):
+    import torch
+    state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
+    state["cfg"]["model"].arch = state["cfg"]["model"]._name = "transformer"
+    torch.save(state, tmp_path / "stock.pt")
+    assert_one_line_error(run_error(trained_run, tmp_path, ckpt=tmp_path / "stock.pt"), "not an hprune model")
+
+
+def test_method_sugar():
+    proc = hprune("prune", "--method", "random", "ckpt=x", "--cfg", "job")
+    assert "method: random" in proc.stdout and "step_pct: 10" in proc.stdout
+    assert_one_line_error(hprune("prune", "--method", "nope", "ckpt=x", check=False), "unknown prune 'nope'",
+                          "michel")
+    assert_one_line_error(hprune("prune", "--method", check=False), "--method needs a value")

@@ -1,0 +1,183 @@
+"""Head scores, head choice and physical removal, in-process on the small trained model."""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+from hprune.errors import UserError  # noqa: E402
+from hprune.pruning import scores  # noqa: E402
+from hprune.pruning.heads import (extend_pruned, heads_to_prune, kept_ids, mask_without, michel_id,  # noqa: E402
+                                  present_heads, ranked)
+
+
+@pytest.fixture()
+def loaded(trained_run, evaluated_run):
+    from hprune import backend
+    return backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+
+
+def first_batch(loaded, split="valid", max_tokens=600):
+    from hprune import backend
+    return next(backend.batches(loaded, split, max_tokens, 1))
+
+
+def test_importance_equals_autograd_gradient_of_an_explicit_mask(loaded):
+    """Σ_tokens |⟨ctx, ∂L/∂ctx⟩| / N_tokens equals |∂L/∂ξ| with ξ a per-token mask leaf, summed the same way;
+    and the per-token gradients sum to ∂L/∂ξ of a per-head mask."""
+    from hprune import backend
+    model, criterion = loaded.model, backend.build_criterion(loaded)
+    sample = first_batch(loaded)
+    pad = loaded.task.target_dictionary.pad()
+    table, tokens = scores.michel(model, criterion, [sample], pad)
+
+    modules = list(model.attention_modules())
+    source, target = sample["net_input"]["src_tokens"], sample["target"]
+    lengths = {"enc-self": source.size(1), "dec-self": target.size(1), "dec-enc": target.size(1)}
+    real = {"enc-self": source.ne(pad), "dec-self": target.ne(pad), "dec-enc": target.ne(pad)}
+    per_token = [torch.ones(source.size(0), m.num_heads, lengths[kind], 1, requires_grad=True)
+                 for kind, _, m in modules]
+    for leaf, (_, _, m) in zip(per_token, modules):
+        m.head_mask = leaf
+    loss = criterion(model, sample)[0]
+    token_grads = torch.autograd.grad(loss, per_token)
+    per_head = [torch.ones(m.num_heads, requires_grad=True) for _, _, m in modules]
+    for leaf, (_, _, m) in zip(per_head, modules):
+        m.set_head_mask(leaf)
+    head_grads = torch.autograd.grad(criterion(model, sample)[0], per_head)
+    model.set_head_mask(None)
+
+    assert tokens == {kind: int(real[kind].sum()) for kind in real}
+    for (kind, layer, _), grad, head_grad in zip(modules, token_grads, head_grads):
+        grad = grad.squeeze(-1) * real[kind].unsqueeze(1)  # (batch, heads, len)
+        torch.testing.assert_close(grad.sum((0, 2)), head_grad, atol=1e-5, rtol=1e-5)
+        expected = grad.abs().sum((0, 2)) / tokens[kind]
+        ours = table[(table["type"] == kind) & (table["layer"] == layer)].sort_values("head")["importance"]
+        torch.testing.assert_close(torch.tensor(ours.to_numpy()), expected.double(), atol=1e-5, rtol=1e-5)
+        assert (expected > 0).all()
+
+
+def test_scores_are_deterministic_and_normalised_per_layer(loaded):
+    from hprune import backend
+    criterion, pad = backend.build_criterion(loaded), loaded.task.target_dictionary.pad()
+    runs = [scores.michel(loaded.model, criterion, backend.batches(loaded, "valid", 1000, 2), pad)[0] for _ in range(2)]
+    pd.testing.assert_frame_equal(ranked(runs[0]), ranked(runs[1]))
+    norms = scores.normalize_by_layer(runs[0]).groupby(["type", "layer"])["importance"].apply(lambda s: (s ** 2).sum())
+    assert norms.to_numpy() == pytest.approx(1.0)
+    pd.testing.assert_frame_equal(scores.random(loaded.model, 3), scores.random(loaded.model, 3))
+    assert not scores.random(loaded.model, 3).equals(scores.random(loaded.model, 4))
+
+
+def test_confidence_against_a_direct_computation(loaded):
+    """One sentence, computed by hand from the recorded weights: max over non-EOS keys, averaged over queries."""
+    model, eos, pad = loaded.model, loaded.task.target_dictionary.eos(), loaded.task.target_dictionary.pad()
+    src = torch.tensor([[5, 6, 7, 8, eos]])
+    prev = torch.tensor([[eos, 9, 10, 11]])
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([5]), "prev_output_tokens": prev},
+              "target": torch.tensor([[9, 10, 11, eos]])}
+    table = scores.confidence(model, [sample], pad, eos)
+    model.record_heads(weights=True)
+    with torch.no_grad():
+        model(**sample["net_input"])
+    weights = {(kind, layer): m.head_weights[0] for kind, layer, m in model.attention_modules()}
+    model.record_heads()
+    enc = weights[("enc-self", 1)][:, :, :4].amax(-1).mean(-1)  # 5 queries, keys without the final EOS
+    dec = weights[("dec-self", 0)][:, 1:, 1:].amax(-1).mean(-1)  # query 0 sees only the leading EOS
+    for (kind, layer), expected in {("enc-self", 1): enc, ("dec-self", 0): dec}.items():
+        ours = table[(table["type"] == kind) & (table["layer"] == layer)].sort_values("head")["importance"]
+        torch.testing.assert_close(torch.tensor(ours.to_numpy(), dtype=torch.float32), expected)
+
+
+def test_magnitude_is_fairseqs_l1_criterion(loaded):
+    m = loaded.model.decoder.layers[1].encoder_attn
+    d = m.head_dim
+    expected = sum(p.weight[2 * d:3 * d].abs().sum() + p.bias[2 * d:3 * d].abs().sum()
+                   for p in (m.q_proj, m.k_proj, m.v_proj))
+    table = scores.magnitude(loaded.model)
+    row = table[(table["type"] == "dec-enc") & (table["layer"] == 1) & (table["head"] == 2)]
+    assert row["importance"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_choice_of_heads_respects_order_ties_and_layer_minimum():
+    heads = [(kind, layer, h) for kind in ("enc-self", "dec-enc") for layer in range(2) for h in range(2)]
+    table = pd.DataFrame([(*head, 1.0) for head in heads], columns=["type", "layer", "head", "importance"])
+    table.loc[(table["type"] == "dec-enc") & (table["layer"] == 1), "importance"] = 0.5
+    pool = set(heads)
+    # the two 0.5 heads first, then ties in type, layer, head order
+    assert extend_pruned(table, set(), 3, pool, 0) == {("dec-enc", 1, 0), ("dec-enc", 1, 1), ("enc-self", 0, 0)}
+    assert extend_pruned(table, set(), 3, pool, 1) == {("dec-enc", 1, 0), ("enc-self", 0, 0), ("enc-self", 1, 0)}
+    assert extend_pruned(table, {("enc-self", 1, 1)}, 2, pool, 0) == {("enc-self", 1, 1), ("dec-enc", 1, 0)}
+    with pytest.raises(UserError, match="cannot prune 5 heads"):
+        extend_pruned(table, set(), 5, pool, 1)
+    assert [heads_to_prune(36, pct) for pct in (0, 10, 20, 90, 100)] == [0, 4, 8, 33, 36]
+    assert heads_to_prune(288, 10) == math.ceil(28.8) == 29
+    assert michel_id(("dec-enc", 0, 3)) == "A:1:4"
+    assert list(ranked(table)["rank"]) == list(range(8, 0, -1))
+
+
+def test_physical_pruning_equals_masking_with_an_emptied_layer(loaded):
+    """Removing heads (an enc-self layer and a dec-enc layer lose all of theirs) gives the masked model's outputs;
+    the parameter count falls by exactly the removed q/k/v rows and out_proj columns."""
+    model = copy.deepcopy(loaded.model).double()
+    pruned_heads = {("enc-self", 1, h) for h in range(4)} | {("dec-enc", 2, h) for h in range(4)}
+    pruned_heads |= {("dec-self", 0, 1), ("dec-enc", 0, 3), ("enc-self", 2, 0), ("enc-self", 2, 2)}
+    mask = mask_without(model, pruned_heads)
+    sample = first_batch(loaded)
+    with torch.no_grad():
+        model.set_head_mask(mask)
+        masked = model(**sample["net_input"])[0]
+        physical = copy.deepcopy(model)
+        physical.set_head_mask(None)
+        physical.keep_heads(kept_ids(mask))
+        out = physical(**sample["net_input"])[0]
+    torch.testing.assert_close(out, masked, atol=1e-5, rtol=0)
+    assert physical.encoder.layers[1].self_attn.num_heads == 0
+    assert physical.present_heads()["enc-self"][2] == [1, 3]
+    assert len(present_heads(physical)) == 36 - len(pruned_heads)
+    d, head_dim = 64, 16
+    per_head = 3 * (d * head_dim + head_dim) + head_dim * d
+    removed = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in physical.parameters())
+    assert removed == len(pruned_heads) * per_head
+    # masks keep the unpruned layout on a pruned model: ids refer to the original heads
+    physical.set_head_mask(mask_without(physical, {("enc-self", 2, 3)}))
+    with torch.no_grad():
+        model.set_head_mask(mask_without(model, pruned_heads | {("enc-self", 2, 3)}))
+        torch.testing.assert_close(physical(**sample["net_input"])[0], model(**sample["net_input"])[0],
+                                   atol=1e-5, rtol=0)
+
+
+def test_exported_checkpoint_reloads_and_translates_like_the_masked_model(loaded, tmp_path, evaluated_run):
+    """The pruned checkpoint reloads in hprune and in stock fairseq-generate (same translations as masking)."""
+    import os
+    import re
+    import subprocess
+
+    from omegaconf import OmegaConf
+
+    from hprune import backend
+    from conftest import HPRUNE
+    mask = mask_without(loaded.model, {("enc-self", 0, 0), ("dec-enc", 2, 0), ("dec-enc", 2, 1), ("dec-enc", 2, 2),
+                                       ("dec-enc", 2, 3), ("dec-self", 1, 2)})
+    path = tmp_path / "pruned.pt"
+    backend.export_pruned(loaded, kept_ids(mask), path)
+    reloaded = backend.load_model(path, Path(evaluated_run[1]["data_bin"]))
+    assert reloaded.model.present_heads() == kept_ids(mask)
+    gen = OmegaConf.create({"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1, "batch_size": 128,
+                            "max_tokens": None})
+    loaded.model.set_head_mask(mask)
+    masked = backend.translate(loaded, gen, "test", 1).hypotheses
+    assert backend.translate(reloaded, gen, "test", 1).hypotheses == masked
+    cmd = [os.path.join(os.path.dirname(HPRUNE[0]), "fairseq-generate"), str(evaluated_run[1]["data_bin"]),
+           "--path", str(path), "--user-dir", backend.PLUGIN_DIR, "--gen-subset", "test", "--beam", "5",
+           "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "128", "--cpu",
+           "--required-batch-size-multiple", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    hyps = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", proc.stdout, flags=re.M))
+    assert [hyps[str(i)] for i in range(len(hyps))] == masked
