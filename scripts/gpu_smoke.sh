@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU smoke check (< 5 minutes on one GPU): transformer_base dimensions on the synthetic task for 300 updates
 # in bf16 and in fp16, evaluated with beam search, with training tokens/s printed next to stock fairseq-train's
-# (same dimensions, data and flags, `--arch transformer`).
+# (same dimensions, data and flags, `--arch transformer`), then a Michel pruning curve with physical export.
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,8 @@ for precision in bf16 fp16; do
   run="$OUT/runs/$precision"
   "$PY" -m hprune_cli.main train experiment=gpu_smoke precision=$precision hydra.run.dir="$run" log_interval=100
   "$PY" -m hprune_cli.main eval ckpt="$run" device=cuda precision=$precision hydra.run.dir="$run/eval"
+  "$PY" -m hprune_cli.main prune --method michel ckpt="$run" device=cuda precision=$precision \
+      prune.step_pct=25 prune.export=true hydra.run.dir="$run/prune" | tail -n 8
   # stock fairseq-train: the same command line with the stock architecture
   stock=$(sed -e "s#--user-dir [^ ]* ##" -e "s#--arch hprune_transformer#--arch transformer#" \
               -e "s#--save-dir [^ ]*#--save-dir $run/stock --no-save --disable-validation#" "$run/fairseq-train.sh")

@@ -26,7 +26,7 @@ def pruned_run(trained_run, tmp_path_factory):
 def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
     out, seconds, stdout = pruned_run
     # the curve and both ablations (55 BLEU evaluations here), plus a baseline order and the export
-    assert seconds < 240, seconds
+    assert seconds < 120, seconds  # the goal: curve and both ablations within 2 minutes
     metrics = json.loads((out / "metrics.json").read_text())
     curve = pd.read_csv(out / "curve.csv")
     assert list(curve["order"].unique()) == ["michel", "random"]

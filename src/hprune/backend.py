@@ -372,8 +372,8 @@ def train_speed() -> dict:
 
 
 # --------------------------------------------------------------------------------------------- batches, loss
-def batches(loaded: Loaded, split: str, max_tokens: int, max_batches: Optional[int] = None,
-            shuffle_seed: Optional[int] = None) -> Iterator[dict]:
+def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
+            shuffle_seed: Optional[int] = None, max_sentences: Optional[int] = None) -> Iterator[dict]:
     """Teacher-forcing batches of a split, on the model's device, in a fixed order (or shuffled with a seed)."""
     from fairseq import utils
 
@@ -386,7 +386,7 @@ def batches(loaded: Loaded, split: str, max_tokens: int, max_batches: Optional[i
         raise UserError(f"the {split} split in {data} is empty; pick another split")
     task.load_dataset(split, task_cfg=loaded.cfg.task)
     itr = task.get_batch_iterator(
-        dataset=task.dataset(split), max_tokens=max_tokens, required_batch_size_multiple=1,
+        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences, required_batch_size_multiple=1,
         max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
         ignore_invalid_inputs=True, seed=shuffle_seed or 1, num_workers=0,
     ).next_epoch_itr(shuffle=shuffle_seed is not None)
