@@ -24,10 +24,11 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## train the tiny model on the synthetic task, evaluate it, print BLEU
+demo: install ## train the tiny model on the synthetic task, evaluate it, prune it (Michel curve)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
+	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo hydra.run.dir=outputs/demo/prune
 
 test: install ## run the test suite (without tests marked slow)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

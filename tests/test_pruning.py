@@ -13,8 +13,7 @@ pytest.importorskip("fairseq")
 
 from hprune.errors import UserError  # noqa: E402
 from hprune.pruning import scores  # noqa: E402
-from hprune.pruning.heads import (extend_pruned, heads_to_prune, kept_ids, mask_without, michel_id,  # noqa: E402
-                                  present_heads, ranked)
+from hprune.pruning.heads import extend_pruned, heads_to_prune, kept_ids, mask_without, michel_id, present_heads, ranked  # noqa: E402
 
 
 @pytest.fixture()
@@ -160,8 +159,8 @@ def test_exported_checkpoint_reloads_and_translates_like_the_masked_model(loaded
 
     from omegaconf import OmegaConf
 
-    from hprune import backend
     from conftest import HPRUNE
+    from hprune import backend
     mask = mask_without(loaded.model, {("enc-self", 0, 0), ("dec-enc", 2, 0), ("dec-enc", 2, 1), ("dec-enc", 2, 2),
                                        ("dec-enc", 2, 3), ("dec-self", 1, 2)})
     path = tmp_path / "pruned.pt"
@@ -181,3 +180,27 @@ def test_exported_checkpoint_reloads_and_translates_like_the_masked_model(loaded
     assert proc.returncode == 0, proc.stderr[-2000:]
     hyps = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", proc.stdout, flags=re.M))
     assert [hyps[str(i)] for i in range(len(hyps))] == masked
+
+
+def test_finetuning_leaves_masked_heads_untouched(loaded):
+    """Fine-tuning after a step moves the kept heads and every other weight, never the masked heads: their
+    gradient is exactly zero, so Adam leaves them as they were (and the model can be translated with again)."""
+    from omegaconf import OmegaConf
+
+    from hprune import backend
+    gen = OmegaConf.create({"beam": 2, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1,
+                            "batch_size": 128, "max_tokens": None})
+    backend.translate(loaded, gen, "test", 1)  # fairseq then locks train(); fine-tuning must undo that
+    m = loaded.model.decoder.layers[0].encoder_attn
+    d = m.head_dim
+    before = {name: p.detach().clone() for name, p in m.named_parameters()}
+    loaded.model.set_head_mask(mask_without(loaded.model, {("dec-enc", 0, 1)}))
+    backend.finetune(loaded, backend.build_criterion(loaded), updates=3, lr=1e-3, max_tokens=1000, seed=1)
+    assert not loaded.model.training
+    after = dict(m.named_parameters())
+    for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight"):
+        torch.testing.assert_close(after[name][d:2 * d], before[name][d:2 * d], atol=0, rtol=0)
+        assert not torch.equal(after[name][:d], before[name][:d])
+    torch.testing.assert_close(after["out_proj.weight"][:, d:2 * d], before["out_proj.weight"][:, d:2 * d], atol=0, rtol=0)
+    assert not torch.equal(after["out_proj.bias"], before["out_proj.bias"])
+    assert len(backend.translate(loaded, gen, "test", 1).hypotheses) == 100

@@ -1,5 +1,5 @@
 """Physically pruned vs unpruned transformer_base (half the heads of every attention layer removed): encoder
-forward and batched beam search (batch 32, beam 5, every hypothesis forced to the same length so both models
+forward (batch 128) and batched beam search (batch 32, beam 5, every hypothesis forced to the same length so both models
 do the same number of steps). The measured speed-up is printed next to the one predicted from FLOPs counted
 with torch.utils.flop_counter. Goal: measured / predicted >= 0.9.
 """
@@ -18,7 +18,8 @@ from hprune import backend
 from hprune.flops import count_flops
 from hprune.pruning.heads import layout
 
-BATCH, LENGTH, ROUNDS, ENCODER_REPS = 32, 20, 3, 30
+BATCH, LENGTH, ROUNDS, ENCODER_REPS = 32, 20, 3, 10
+ENCODER_BATCH = 128  # sentences of about 10 tokens: at 32 the encoder is too small to be bound by FLOPs
 SMALL_TEST = ["data.params.n_test=64"]  # 2 batches of 32; the training split (the vocabulary) is unchanged
 
 
@@ -32,7 +33,7 @@ def main() -> None:
         backend.export_pruned(full, kept, Path(tmp) / "pruned.pt")
         pruned = backend.load_model(Path(tmp) / "pruned.pt", data)
     models = {"unpruned": full, "50% heads removed": pruned}
-    sample = next(backend.batches(full, "test", None, 1, max_sentences=BATCH))
+    sample = next(backend.batches(full, "valid", None, 1, max_sentences=ENCODER_BATCH))
     src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
     gen = OmegaConf.create({"beam": 5, "lenpen": 1.0, "max_len_a": 0, "max_len_b": LENGTH, "min_len": LENGTH,
                             "batch_size": BATCH, "max_tokens": None})
@@ -64,8 +65,9 @@ def main() -> None:
         f_full, f_pruned = (flops[n][what] for n in models)
         measured, predicted = t_full / t_pruned, f_full / f_pruned
         print(f"  {what:<12} {t_full:6.3f} s -> {t_pruned:6.3f} s   GFLOP {f_full / 1e9:7.2f} -> {f_pruned / 1e9:7.2f}")
+        batch = ENCODER_BATCH if what == "encoder" else BATCH
         print(f"{what} speed-up measured {measured:.3f} / predicted from FLOPs {predicted:.3f} = "
-              f"{measured / predicted:.3f}  (goal >= 0.9) [batch {BATCH}, transformer_base]")
+              f"{measured / predicted:.3f}  (goal >= 0.9) [batch {batch}, transformer_base]")
 
 
 if __name__ == "__main__":

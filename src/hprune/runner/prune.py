@@ -7,11 +7,10 @@ metrics.json is written last: a run without it did not finish.
 """
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Set
+from typing import Callable, List, Optional, Set
 
 import pandas as pd
 import torch
@@ -21,8 +20,21 @@ from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning import scores
-from ..pruning.heads import (ATTENTION_TYPES, Head, Mask, check_types, extend_pruned, heads_kept, heads_to_prune,
-                             kept_ids, mask_without, max_prunable, michel_id, present_heads, ranked)
+from ..pruning.heads import (
+    ATTENTION_TYPES,
+    Head,
+    Mask,
+    check_types,
+    extend_pruned,
+    heads_kept,
+    heads_to_prune,
+    kept_ids,
+    mask_without,
+    max_prunable,
+    michel_id,
+    present_heads,
+    ranked,
+)
 from ..reporting import plots
 from ..reporting.tables import markdown
 from . import hydra_app
@@ -104,6 +116,10 @@ class Pruning:
                 "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses}
 
 
+def cpu_copy(model) -> dict:
+    return {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
+
+
 def kept_columns(mask: Mask) -> dict:
     return {f"kept_{kind.replace('-', '_')}": n for kind, n in heads_kept(mask).items()}
 
@@ -122,22 +138,21 @@ def ablations(run: Pruning, importance: pd.DataFrame, unpruned: dict, out: Path)
         write_atomic(out / "ablation_single.csv", pd.DataFrame(rows).to_csv(index=False))
     if "one_head" in run.p.ablations:
         rows = []
-        for (kind, layer), heads in importance[[h in run.pool for h in importance[["type", "layer", "head"]]
-                                                .itertuples(index=False, name=None)]].groupby(["type", "layer"]):
-            top = int(heads.sort_values(["importance", "head"], ascending=[False, True]).iloc[0]["head"])
-            others = {(kind, layer, int(h)) for h in heads["head"] if int(h) != top}
-            rows.append(row(mask_without(run.model, others), type=kind, layer=int(layer), kept_head=top,
-                            heads_removed=len(others)))
-        table = pd.DataFrame(rows)
-        table["_t"] = table["type"].map(ATTENTION_TYPES.index)
-        table = table.sort_values(["_t", "layer"]).drop(columns="_t")
-        write_atomic(out / "ablation_one_head.csv", table.to_csv(index=False))
+        heads_in_table = importance[["type", "layer", "head"]].itertuples(index=False, name=None)
+        in_pool = pd.Series([head in run.pool for head in heads_in_table], index=importance.index)
+        for kind in ATTENTION_TYPES:
+            for layer, heads in importance[in_pool & (importance["type"] == kind)].groupby("layer"):
+                top = int(heads.sort_values(["importance", "head"], ascending=[False, True])["head"].iloc[0])
+                others = {(kind, int(layer), int(h)) for h in heads["head"] if h != top}
+                rows.append(row(mask_without(run.model, others), type=kind, layer=int(layer), kept_head=top,
+                                heads_removed=len(others)))
+        write_atomic(out / "ablation_one_head.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
 def curve(run: Pruning, method: str, steps: List[float], unpruned: dict, initial_state: Optional[dict],
-          on_row) -> tuple[list, dict]:
-    """Prune cumulatively in the method's order; returns the rows and {pct: (mask, weights or None)} for the
-    steps a head mask may be taken from."""
+          on_row: Callable[[list], None], candidate: Callable[[dict], bool]) -> tuple[list, Optional[tuple]]:
+    """Prune cumulatively in the method's order. Returns the rows and the last step that is a `candidate`
+    for head_mask.json, as (row, mask, weights after fine-tuning or None)."""
     from .. import backend
 
     p = run.p
@@ -146,7 +161,7 @@ def curve(run: Pruning, method: str, steps: List[float], unpruned: dict, initial
     run.model.set_head_mask(None)
     table = run.scores(method)
     pruned: Set[Head] = set()
-    rows, kept = [], {}
+    rows, chosen = [], None
     for step, pct in enumerate(steps):
         n = heads_to_prune(len(run.pool), pct)
         if p.reestimate and pruned:
@@ -165,9 +180,9 @@ def curve(run: Pruning, method: str, steps: List[float], unpruned: dict, initial
                "valid_loss": result["valid_loss"]}
         rows.append(row)
         on_row(rows)
-        weights = copy.deepcopy(run.model.state_dict()) if p.finetune.updates else None
-        kept[pct] = (mask, weights)
-    return rows, kept
+        if candidate(row):
+            chosen = (row, mask, cpu_copy(run.model) if p.finetune.updates else None)
+    return rows, chosen
 
 
 def export(run: Pruning, mask: Mask, weights: Optional[dict], data_bin: Path, out: Path) -> dict:
@@ -175,7 +190,7 @@ def export(run: Pruning, mask: Mask, weights: Optional[dict], data_bin: Path, ou
     from .. import backend
 
     if weights is not None:
-        run.model.load_state_dict(weights)
+        run.model.load_state_dict(weights)  # the fine-tuned weights of the chosen step
     masked = run.evaluate(mask)
     path = out / "checkpoints" / "checkpoint_pruned.pt"
     backend.export_pruned(run.loaded, kept_ids(mask), path)
@@ -219,7 +234,7 @@ def run(cfg: DictConfig) -> dict:
     plots.head_heatmaps(importance, "importance", out / "head_importance.png", f"{p.method} head scores")
 
     unpruned = run_.evaluate(mask_without(loaded.model, set()))
-    initial_state = copy.deepcopy(loaded.model.state_dict()) if p.finetune.updates else None
+    initial_state = cpu_copy(loaded.model) if p.finetune.updates else None
     if p.ablations:
         ablations(run_, importance, unpruned, out)
 
@@ -230,16 +245,19 @@ def run(cfg: DictConfig) -> dict:
         write_atomic(out / "curve.csv", table.to_csv(index=False))
         write_atomic(out / "curve.md", markdown(table.drop(columns=["step", "pct_target"])))
 
-    chosen = None
+    def candidate(row: dict) -> bool:
+        """head_mask.json is the last candidate step of the method's own order."""
+        if row["order"] != p.method:
+            return False
+        if p.target_pct is not None:
+            return row["pct_target"] == p.target_pct
+        return row["delta_bleu"] >= -p.max_bleu_drop
+
     for method in dict.fromkeys([p.method, *p.baselines]):  # the method first, each order once
-        rows, kept = curve(run_, method, steps, unpruned, initial_state, write_curve)
+        rows, last_candidate = curve(run_, method, steps, unpruned, initial_state, write_curve, candidate)
         all_rows += rows
         if method == p.method:
-            if p.target_pct is not None:
-                chosen = next(r for r in rows if r["pct_target"] == p.target_pct)
-            else:
-                chosen = [r for r in rows if r["delta_bleu"] >= -p.max_bleu_drop][-1]
-            chosen_mask, chosen_weights = kept[chosen["pct_target"]]
+            chosen, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
     table = pd.DataFrame(all_rows)
     plots.bleu_curve(table, unpruned["bleu"], out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
     write_json(out / "head_mask.json", chosen_mask)
