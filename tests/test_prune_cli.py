@@ -63,7 +63,12 @@ def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
     assert metrics["export_same_translations"] and metrics["export_bleu"] == metrics["bleu"]
     assert metrics["export_max_abs_diff"] < 1e-4
     assert (metrics["n_params_pruned"] < metrics["n_params"]) == (chosen["heads_pruned"] > 0)
-    assert (out / "checkpoints" / "checkpoint_pruned.pt").is_file()
+    # `hprune eval` on the pruned checkpoint: the same BLEU, the heads of head_mask.json
+    hprune("eval", f"ckpt={out / 'checkpoints' / 'checkpoint_pruned.pt'}", f"hydra.run.dir={out / 'eval'}",
+           *SMALL_DATA, "device=cpu")
+    evaluation = json.loads((out / "eval" / "metrics.json").read_text())
+    assert evaluation["bleu"] == metrics["export_bleu"] and evaluation["n_params"] == metrics["n_params_pruned"]
+    assert [evaluation[f"kept_{k.replace('-', '_')}"] for k in TYPES] == [sum(map(sum, mask[k])) for k in TYPES]
     for plot in ("curve.png", "head_importance.png"):
         assert (out / plot).stat().st_size > 10_000
 

@@ -137,7 +137,7 @@ def test_physical_pruning_equals_masking_with_an_emptied_layer(loaded):
         out = physical(**sample["net_input"])[0]
     torch.testing.assert_close(out, masked, atol=1e-5, rtol=0)
     assert physical.encoder.layers[1].self_attn.num_heads == 0
-    assert physical.present_heads()["enc-self"][2] == [1, 3]
+    assert physical.head_ids()["enc-self"][2] == [1, 3]
     assert len(present_heads(physical)) == 36 - len(pruned_heads)
     d, head_dim = 64, 16
     per_head = 3 * (d * head_dim + head_dim) + head_dim * d
@@ -166,7 +166,7 @@ def test_exported_checkpoint_reloads_and_translates_like_the_masked_model(loaded
     path = tmp_path / "pruned.pt"
     backend.export_pruned(loaded, kept_ids(mask), path)
     reloaded = backend.load_model(path, Path(evaluated_run[1]["data_bin"]))
-    assert reloaded.model.present_heads() == kept_ids(mask)
+    assert reloaded.model.head_ids() == kept_ids(mask)
     gen = OmegaConf.create({"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1, "batch_size": 128,
                             "max_tokens": None})
     loaded.model.set_head_mask(mask)

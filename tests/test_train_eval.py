@@ -37,6 +37,7 @@ def test_eval_writes_metrics_and_hypotheses(evaluated_run):
         assert key in metrics, key
     assert metrics["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.")
     assert 0 < metrics["bleu"] <= 100
+    assert (metrics["kept_enc_self"], metrics["kept_dec_self"], metrics["kept_dec_enc"]) == (12, 12, 12)
 
 
 def test_bleu_equals_stock_fairseq_generate(trained_run, evaluated_run):

@@ -52,7 +52,8 @@ class HeadAttention(MultiheadAttention):
         unknown = set(keep_ids) - set(self.head_ids)
         if unknown:
             raise ValueError(f"heads {sorted(unknown)} are not present (present: {self.head_ids})")
-        local = [i for i, h in enumerate(self.head_ids) if h in set(keep_ids)]
+        keep = set(keep_ids)
+        local = [i for i, h in enumerate(self.head_ids) if h in keep]
         rows = torch.tensor([i * self.head_dim + d for i in local for d in range(self.head_dim)], dtype=torch.long,
                             device=self.q_proj.weight.device)
         for proj in (self.q_proj, self.k_proj, self.v_proj):

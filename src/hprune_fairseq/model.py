@@ -115,7 +115,7 @@ class HpruneTransformerModel(TransformerModel):
             module.record_weights, module.record_outputs = weights, outputs
             module.head_weights = module.head_outputs = None
 
-    def present_heads(self) -> Dict[str, List[List[int]]]:
+    def head_ids(self) -> Dict[str, List[List[int]]]:
         """The original ids of the heads each layer still has, in the head-mask layout."""
         kept: Dict[str, List[List[int]]] = {}
         for kind, _, module in self.attention_modules():

@@ -46,8 +46,9 @@ def kept_ids(mask: Mask) -> Dict[str, List[List[int]]]:
     return {kind: [[h for h, alive in enumerate(row) if alive] for row in rows] for kind, rows in mask.items()}
 
 
-def heads_kept(mask: Mask) -> Dict[str, int]:
-    return {kind: sum(sum(row) for row in rows) for kind, rows in mask.items()}
+def kept_columns(mask: Mask) -> Dict[str, int]:
+    """Alive heads per attention type, as flat metrics/table columns: {"kept_enc_self": 9, ...}."""
+    return {f"kept_{kind.replace('-', '_')}": sum(sum(row) for row in rows) for kind, rows in mask.items()}
 
 
 def michel_id(head: Head) -> str:

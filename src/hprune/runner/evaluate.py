@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
+from ..pruning.heads import kept_columns, mask_without
 from . import hydra_app
 
 
@@ -50,7 +51,7 @@ def run(cfg: DictConfig) -> dict:
     metrics = {
         "verb": "eval", "data": cfg.data.name, "split": cfg.split, **score(result.hypotheses, references),
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen,
-        "n_params": backend.count_parameters(loaded.model),
+        "n_params": backend.count_parameters(loaded.model), **kept_columns(mask_without(loaded.model, ())),
         "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
         "tokens_per_s": round(result.tokens / result.seconds, 1), "device": loaded.device,
         "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(),

@@ -26,8 +26,8 @@ from ..pruning.heads import (
     Mask,
     check_types,
     extend_pruned,
-    heads_kept,
     heads_to_prune,
+    kept_columns,
     kept_ids,
     mask_without,
     max_prunable,
@@ -118,10 +118,6 @@ class Pruning:
 
 def cpu_copy(model) -> dict:
     return {name: tensor.detach().cpu().clone() for name, tensor in model.state_dict().items()}
-
-
-def kept_columns(mask: Mask) -> dict:
-    return {f"kept_{kind.replace('-', '_')}": n for kind, n in heads_kept(mask).items()}
 
 
 def ablations(run: Pruning, importance: pd.DataFrame, unpruned: dict, out: Path) -> None:
