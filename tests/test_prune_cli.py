@@ -19,17 +19,18 @@ def pruned_run(trained_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("prune") / "run"
     started = time.perf_counter()
     proc = hprune("prune", "--method", "michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA,
-                  "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random]", "prune.export=true")
+                  "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random,confidence,magnitude]",
+                  "prune.export=true")
     return out, time.perf_counter() - started, proc.stdout
 
 
 def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
     out, seconds, stdout = pruned_run
-    # the curve and both ablations (55 BLEU evaluations here), plus a baseline order and the export
+    # the curve and both ablations (45 + 9 BLEU evaluations), plus three baseline orders and the export
     assert seconds < 120, seconds  # the goal: curve and both ablations within 2 minutes
     metrics = json.loads((out / "metrics.json").read_text())
     curve = pd.read_csv(out / "curve.csv")
-    assert list(curve["order"].unique()) == ["michel", "random"]
+    assert list(curve["order"].unique()) == ["michel", "random", "confidence", "magnitude"]
     michel = curve[curve["order"] == "michel"]
     assert list(michel["pct_target"]) == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90]
     assert list(michel["heads_pruned"]) == [0, 4, 8, 11, 15, 18, 22, 26, 29, 33]  # ceil(36 * pct / 100)
@@ -75,7 +76,7 @@ def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
 
 def test_target_percentage_and_reestimation(trained_run, tmp_path):
     out = tmp_path / "run"
-    hprune("prune", "--method=magnitude", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+    hprune("prune", "--method=michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
            "prune.step_pct=50", "prune.target_pct=25", "prune.reestimate=true", "prune.min_heads_per_layer=1",
            "prune.types=[enc-self,dec-self]")
     metrics = json.loads((out / "metrics.json").read_text())

@@ -5,6 +5,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -204,3 +205,19 @@ def test_finetuning_leaves_masked_heads_untouched(loaded):
     torch.testing.assert_close(after["out_proj.weight"][:, d:2 * d], before["out_proj.weight"][:, d:2 * d], atol=0, rtol=0)
     assert not torch.equal(after["out_proj.bias"], before["out_proj.bias"])
     assert len(backend.translate(loaded, gen, "test", 1).hypotheses) == 100
+
+
+def test_reestimated_importance_sees_the_current_mask(loaded):
+    """Re-estimation after a step: masked heads score exactly 0, the others are scored afresh (no gradient state
+    survives between rounds, unlike a reused mask leaf)."""
+    from hprune import backend
+    criterion, pad, sample = backend.build_criterion(loaded), loaded.task.target_dictionary.pad(), first_batch(loaded)
+    pruned = {("enc-self", 0, 1), ("dec-enc", 2, 3), ("dec-self", 1, 0)}
+    loaded.model.set_head_mask(mask_without(loaded.model, pruned))
+    rounds = [scores.michel(loaded.model, criterion, [sample], pad)[0] for _ in range(2)]
+    pd.testing.assert_frame_equal(rounds[0], rounds[1])
+    is_pruned = [head in pruned for head in rounds[0][["type", "layer", "head"]].itertuples(index=False, name=None)]
+    assert (rounds[0]["importance"][is_pruned] == 0).all() and (rounds[0]["importance"][[not p for p in is_pruned]] > 0).all()
+    loaded.model.set_head_mask(None)
+    unmasked = scores.michel(loaded.model, criterion, [sample], pad)[0]
+    assert not np.allclose(unmasked["importance"], rounds[0]["importance"])
