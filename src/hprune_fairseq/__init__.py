@@ -8,4 +8,4 @@ from .safe_load import allow_fairseq_checkpoint_globals
 
 allow_fairseq_checkpoint_globals()
 
-from . import model  # noqa: E402,F401  (registers the model with fairseq)
+from . import criterion, model  # noqa: E402,F401  (registers the model and the L0 criterion with fairseq)

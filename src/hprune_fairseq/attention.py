@@ -7,6 +7,8 @@ Compared with the stock module it adds, in one place:
     (for head roles and gradient importance; `head_outputs` stays in the autograd graph);
   * `prune_heads`: physical removal of heads (q/k/v rows and out_proj columns); a module left with no head
     returns its out_proj bias;
+  * `gate`: an optional Hard Concrete gate per head (Voita et al.), multiplying the head outputs where the
+    mask does;
   * torch SDPA whenever no attention weights are needed.
 Heads keep their original ids (`head_ids`) through pruning, so masks always have the unpruned layout.
 It never takes fairseq's fast path (`F.multi_head_attention_forward`), which would silently skip the mask
@@ -22,6 +24,8 @@ import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
+from .gates import HardConcreteGate
+
 
 class HeadAttention(MultiheadAttention):
     def __init__(self, *args, **kwargs):
@@ -32,6 +36,7 @@ class HeadAttention(MultiheadAttention):
         self.head_ids = list(range(self.num_heads))  # original ids of the heads still present
         # (heads present,) or anything that broadcasts against (batch, heads present, tgt_len, 1)
         self.head_mask: Optional[Tensor] = None
+        self.gate: Optional[HardConcreteGate] = None
         self.record_weights = self.record_outputs = False
         self.head_weights: Optional[Tensor] = None  # (batch, heads present, tgt_len, src_len), when recorded
         self.head_outputs: Optional[Tensor] = None  # (batch, heads present, tgt_len, head_dim), when recorded
@@ -44,6 +49,17 @@ class HeadAttention(MultiheadAttention):
                 raise ValueError(f"head mask has shape {tuple(mask.shape)}, expected ({self.total_heads},)")
             mask = mask[self.head_ids]
         self.head_mask = mask
+
+    def add_gate(self, init: Optional[float] = None) -> None:
+        """A Hard Concrete gate on every present head (its log α is `<module>.gate.log_alpha`)."""
+        self.gate = HardConcreteGate(self.num_heads, init=init).to(self.q_proj.weight.device)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A gated model loads an ungated checkpoint: the gates keep their initial values."""
+        super().upgrade_state_dict_named(state_dict, name)
+        key = f"{name}.gate.log_alpha" if name else "gate.log_alpha"
+        if self.gate is not None and key not in state_dict:
+            state_dict[key] = self.gate.log_alpha.detach().clone()
 
     @torch.no_grad()
     def prune_heads(self, keep_ids) -> None:
@@ -65,6 +81,8 @@ class HeadAttention(MultiheadAttention):
         self.out_proj.in_features = len(rows)
         if self.head_mask is not None and self.head_mask.dim() == 1:
             self.head_mask = self.head_mask[local]
+        if self.gate is not None:
+            self.gate.log_alpha = torch.nn.Parameter(self.gate.log_alpha[local])
         self.head_ids = [self.head_ids[i] for i in local]
         self.num_heads = len(local)
 
@@ -155,6 +173,8 @@ class HeadAttention(MultiheadAttention):
         if self.head_mask is not None:
             mask = self.head_mask.to(context.dtype)
             context = context * (mask.view(1, H, 1, 1) if mask.dim() == 1 else mask)
+        if self.gate is not None:
+            context = context * self.gate().to(context.dtype).view(1, H, 1, 1)
         if self.record_weights:
             self.head_weights = weights
         if self.record_outputs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Dict, Iterator, List, Optional, Tuple
 
+import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
@@ -25,6 +26,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import Tensor
 
 from .attention import HeadAttention
 
@@ -77,12 +79,19 @@ class HpruneTransformerModel(TransformerModel):
         parser.add_argument("--kept-heads", type=str, default=None, metavar="JSON",
                             help="heads kept by physical pruning: {type: [[head ids] per layer]}; written by "
                                  "`hprune prune`, not meant to be typed")
+        parser.add_argument("--head-gates", type=str, default=None, metavar="TYPES",
+                            help="Hard Concrete gates on the heads of these attention types, comma-separated "
+                                 f"({', '.join(ATTENTION_TYPES)})")
+        parser.add_argument("--gate-log-alpha-init", type=float, default=None, metavar="X",
+                            help="initial log alpha of every gate (default: Glorot-uniform, as Voita et al.)")
 
     @classmethod
     def build_model(cls, args, task):
         model = super().build_model(args, task)
         if getattr(args, "kept_heads", None):
             model.keep_heads(json.loads(args.kept_heads))
+        if getattr(args, "head_gates", None):
+            model.add_gates(args.head_gates.split(","), getattr(args, "gate_log_alpha_init", None))
         return model
 
     @classmethod
@@ -121,6 +130,32 @@ class HpruneTransformerModel(TransformerModel):
         for kind, _, module in self.attention_modules():
             kept.setdefault(kind, []).append(list(module.head_ids))
         return kept
+
+    def add_gates(self, types: List[str], init: Optional[float] = None) -> None:
+        unknown = set(types) - set(ATTENTION_TYPES)
+        if unknown:
+            raise ValueError(f"unknown attention type(s) {sorted(unknown)} for --head-gates; "
+                             f"choose from {', '.join(ATTENTION_TYPES)}")
+        for kind, _, module in self.attention_modules():
+            if kind in types:
+                module.add_gate(init)
+
+    def gates(self) -> Iterator[Tuple[str, int, HeadAttention]]:
+        """The gated attention modules, as attention_modules() names them."""
+        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if m.gate is not None)
+
+    def gate_penalty(self, normalize: str = "sum") -> Tensor:
+        """Expected number of open gates, Σ P(gate ≠ 0): over every gated head ("sum", the paper's L_C), or the
+        mean over gated layers of each layer's sum ("layer_mean", the reference code's)."""
+        per_layer = [m.gate.p_open().sum() for _, _, m in self.gates()]
+        if not per_layer:
+            raise ValueError("the model has no head gates (--head-gates)")
+        total = torch.stack(per_layer).sum()
+        if normalize == "sum":
+            return total
+        if normalize == "layer_mean":
+            return total / len(per_layer)
+        raise ValueError(f"unknown L0 normalisation '{normalize}'; use sum or layer_mean")
 
     def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
         """Physically remove every head not listed (see HeadAttention.prune_heads)."""

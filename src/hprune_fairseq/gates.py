@@ -1,0 +1,55 @@
+"""Hard Concrete head gates (Louizos et al. 2018) as Voita et al. 2019 used them: one scalar gate per head.
+
+With l < 0 < 1 < r the stretch limits, β the temperature and u ~ U(0, 1):
+  training  s = sigmoid((log u - log(1 - u) + log α) / β),  g = clip(s (r - l) + l, 0, 1)   (one u per head)
+  test      g = clip(sigmoid(log α) (r - l) + l, 0, 1)                                   (deterministic)
+  P(g ≠ 0) = sigmoid(log α - β log(-l / r)),   P(g = 1) = sigmoid(log α - β log((1 - l) / (r - 1)))
+Defaults are those of the-story-of-heads `ConcreteGate`: β = 0.33, (l, r) = (-0.1, 1.1), log α initialised
+Glorot-uniform for their [1, H, 1, 1] shape, i.e. U(-sqrt(3/H), sqrt(3/H)).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+EPS = 1e-6
+
+
+class HardConcreteGate(nn.Module):
+    def __init__(self, num_heads: int, temperature: float = 0.33, stretch: tuple = (-0.1, 1.1),
+                 init: Optional[float] = None):
+        super().__init__()
+        low, high = stretch
+        if not (low < 0 and high > 1 and temperature > 0):
+            raise ValueError(f"Hard Concrete needs l < 0 < 1 < r and β > 0, got l={low}, r={high}, β={temperature}")
+        self.temperature, self.low, self.high = temperature, low, high
+        self.log_alpha = nn.Parameter(torch.empty(num_heads))
+        self.reset_parameters(init)
+
+    @torch.no_grad()
+    def reset_parameters(self, init: Optional[float] = None) -> None:
+        """init=None: Glorot-uniform as the reference code; a number: every log α set to it."""
+        if init is None:
+            bound = math.sqrt(3.0 / max(len(self.log_alpha), 1))
+            self.log_alpha.uniform_(-bound, bound)
+        else:
+            self.log_alpha.fill_(init)
+
+    def forward(self) -> Tensor:
+        """A fresh noisy gate per head in training, the deterministic gate otherwise; shape (heads,)."""
+        if not self.training:
+            return self.deterministic()
+        u = torch.rand_like(self.log_alpha).clamp(EPS, 1 - EPS)
+        s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / self.temperature)
+        return (s * (self.high - self.low) + self.low).clamp(0.0, 1.0)
+
+    def deterministic(self) -> Tensor:
+        return (torch.sigmoid(self.log_alpha) * (self.high - self.low) + self.low).clamp(0.0, 1.0)
+
+    def p_open(self) -> Tensor:
+        """P(gate ≠ 0) per head: the expected L0 norm's terms."""
+        shift = self.temperature * math.log(-self.low / self.high)
+        return torch.sigmoid(self.log_alpha - shift).clamp(EPS, 1 - EPS)
