@@ -99,3 +99,15 @@ def test_gated_model_loads_an_ungated_checkpoint_and_prunes_its_gates(gated, tra
         module.gate.log_alpha.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     module.prune_heads([1, 3])
     assert module.gate.log_alpha.tolist() == [2.0, 4.0]
+
+
+def test_fairseq_train_parses_the_gate_and_criterion_flags():
+    """The criterion's dataclass becomes fairseq-train flags (a postponed-annotations module would break this)."""
+    from fairseq import options
+
+    from hprune.backend import PLUGIN_DIR
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["data", "--user-dir", PLUGIN_DIR, "--arch", "hprune_transformer",
+                                                "--criterion", "hprune_l0", "--l0-lambda", "0.05",
+                                                "--l0-normalize", "layer_mean", "--head-gates", "enc-self,dec-enc"])
+    assert (args.l0_lambda, args.l0_normalize, args.head_gates) == (0.05, "layer_mean", "enc-self,dec-enc")

@@ -6,8 +6,8 @@ the penalty is added as λ · L_C · sample_size: after that division the object
 with L_C = Σ_heads P(gate ≠ 0) (`l0_normalize=sum`, the paper) or its mean over gated layers (`layer_mean`,
 the-story-of-heads' code, where λ = 0.1 by default). The logged `loss` is that whole objective; `nll_loss` is
 the translation loss alone, and `open_heads` the expected number of open gates.
+(No `from __future__ import annotations`: fairseq builds its argument parser from real field types.)
 """
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 
