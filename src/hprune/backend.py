@@ -149,6 +149,35 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     return argv
 
 
+def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save_dir: Path, device: str,
+                           precision: str, seed: int) -> List[str]:
+    """fairseq-train flags that continue training the model of `ckpt` (its architecture flags as recorded in
+    the checkpoint) with a fresh optimizer, schedule and data order; criterion and optimizer flags are the
+    caller's. Once save_dir holds a checkpoint_last.pt, the flags resume from it instead."""
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    device = resolve_device(device)
+    _check_precision(device, precision, training=True)
+    arch_parser = argparse.ArgumentParser(add_help=False)
+    ARCH_MODEL_REGISTRY[model_cfg.arch].add_args(arch_parser)
+    argv = [str(data_dir), "--task", "translation", "--source-lang", task_cfg.source_lang,
+            "--target-lang", task_cfg.target_lang, "--user-dir", PLUGIN_DIR, "--arch", model_cfg.arch]
+    for action in arch_parser._actions:
+        value = getattr(model_cfg, action.dest, None)
+        if not action.option_strings or value is None or value is False:
+            continue
+        argv += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
+    argv += ["--save-dir", str(save_dir), "--seed", str(seed), "--num-workers", "0", "--log-format", "simple",
+             "--no-epoch-checkpoints", "--keep-best-checkpoints", "0", "--update-epoch-batch-itr", "True"]
+    if not (save_dir / "checkpoint_last.pt").exists():
+        argv += ["--restore-file", str(ckpt), "--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader",
+                 "--reset-meters"]
+    argv += {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
+    return argv + (["--cpu"] if device == "cpu" else [])
+
+
 def train(argv: Sequence[str]) -> None:
     """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one."""
     from fairseq import distributed_utils

@@ -5,7 +5,8 @@ the penalty is added as λ · L_C · sample_size: after that division the object
     mean per-token cross-entropy + λ · L_C,
 with L_C = Σ_heads P(gate ≠ 0) (`l0_normalize=sum`, the paper) or its mean over gated layers (`layer_mean`,
 the-story-of-heads' code, where λ = 0.1 by default). The logged `loss` is that whole objective; `nll_loss` is
-the translation loss alone, and `open_heads` the expected number of open gates.
+the translation loss alone, `open_heads` the expected number of open gates and `alive_heads` those with
+P(open) > 0.5 and a deterministic gate > 0.
 (No `from __future__ import annotations`: fairseq builds its argument parser from real field types.)
 """
 
@@ -42,6 +43,8 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
         loss = loss + self.l0_lambda * penalty * sample_size
         logging["loss"] = loss.data
         logging["open_heads"] = model.gate_penalty("sum").data
+        logging["alive_heads"] = sum(int(((m.gate.p_open() > 0.5) & (m.gate.deterministic() > 0)).sum())
+                                     for _, _, m in model.gates())
         return loss, sample_size, logging
 
     @classmethod
@@ -50,3 +53,5 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
         if logging_outputs and "open_heads" in logging_outputs[0]:
             open_heads = sum(float(log["open_heads"]) for log in logging_outputs) / len(logging_outputs)
             metrics.log_scalar("open_heads", open_heads, round=2)
+            # alive: P(open) > 0.5 and a deterministic gate > 0, as Voita et al. count them
+            metrics.log_scalar("alive_heads", float(logging_outputs[-1]["alive_heads"]), round=1)

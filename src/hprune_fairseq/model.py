@@ -84,6 +84,9 @@ class HpruneTransformerModel(TransformerModel):
                                  f"({', '.join(ATTENTION_TYPES)})")
         parser.add_argument("--gate-log-alpha-init", type=float, default=None, metavar="X",
                             help="initial log alpha of every gate (default: Glorot-uniform, as Voita et al.)")
+        parser.add_argument("--freeze-decoder", action="store_true",
+                            help="train only the encoder (and the embeddings it shares): Voita et al.'s setting for "
+                                 "enc-self gates, so head functions do not move to the decoder")
 
     @classmethod
     def build_model(cls, args, task):
@@ -92,6 +95,11 @@ class HpruneTransformerModel(TransformerModel):
             model.keep_heads(json.loads(args.kept_heads))
         if getattr(args, "head_gates", None):
             model.add_gates(args.head_gates.split(","), getattr(args, "gate_log_alpha_init", None))
+        if getattr(args, "freeze_decoder", False):
+            shared = {id(p) for p in model.encoder.parameters()}
+            for p in model.decoder.parameters():
+                if id(p) not in shared:
+                    p.requires_grad_(False)
         return model
 
     @classmethod

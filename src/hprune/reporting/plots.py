@@ -68,3 +68,18 @@ def head_heatmaps(table: pd.DataFrame, value: str, path: Path, title: str = "") 
         return _save(fig, path)
     finally:
         plt.close(fig)
+
+
+def line(table: pd.DataFrame, x: str, ys: list, path: Path, title: str = "") -> Path:
+    plt = _figure()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for y in ys:
+        ax.plot(table[x], table[y], label=y)
+    ax.set_xlabel(x)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    try:
+        return _save(fig, path)
+    finally:
+        plt.close(fig)

@@ -41,7 +41,7 @@ from . import hydra_app
 from .evaluate import read_references, resolve_checkpoint, score
 
 log = logging.getLogger(__name__)
-METHODS = ("michel", "confidence", "magnitude", "random")
+METHODS = ("michel", "confidence", "magnitude", "random")  # orders; voita has its own runner
 ABLATIONS = ("single", "one_head")
 
 
@@ -211,6 +211,9 @@ def run(cfg: DictConfig) -> dict:
     from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
 
     p = cfg.prune
+    if p.method == "voita":  # gates trained with an L0 penalty: a different procedure, same verb and outputs
+        from .voita import run as run_voita
+        return run_voita(cfg)
     steps = check_settings(p)
     ckpt = resolve_checkpoint(cfg.ckpt)
     data_bin = prepare(cfg.data, cfg.paths.data_root)
