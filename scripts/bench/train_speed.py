@@ -1,4 +1,5 @@
-"""Training tokens/s: hprune_transformer vs stock fairseq `transformer`, identical dimensions, data and flags.
+"""Training tokens/s: hprune_transformer vs stock fairseq `transformer`, and hprune_transformer with Voita et al.'s
+head gates and L0 criterion vs without, identical dimensions, data and flags.
 
 Each arch is trained for the same number of updates, alternating (stock, ours, stock, ours) so that machine
 noise hits both; the ratio of the median per-interval words-per-second is printed. Goal: >= 0.95.
@@ -23,8 +24,12 @@ def main() -> None:
               cfg.data.tgt_lang, *_flags(cfg.model, skip=("arch",)), *_flags(cfg.optim, skip=("max_update",)),
               "--max-update", str(UPDATES), "--no-save", "--disable-validation", "--cpu", "--num-workers", "0",
               "--log-format", "simple", "--log-interval", str(INTERVAL), "--seed", "1"]
+    ours = ["--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]
     archs = {"stock transformer": ["--arch", "transformer"],
-             "hprune_transformer": ["--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]}
+             "hprune_transformer": ours,
+             # Voita et al.'s training: a Hard Concrete gate on every head and the L0 criterion
+             "hprune + head gates": [*ours, "--head-gates", "enc-self,dec-self,dec-enc", "--criterion", "hprune_l0",
+                                     "--l0-lambda", "0.1"]}
     wps: dict[str, list[float]] = {name: [] for name in archs}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(ROUNDS):
@@ -33,10 +38,12 @@ def main() -> None:
                 wps[name] += floats(r"train_inner.*? wps=([\d.]+)", log)[1:]  # the first interval warms up
     medians = {name: statistics.median(values) for name, values in wps.items()}
     for name, value in medians.items():
-        print(f"  {name:<20} {value:10.0f} target tokens/s (median of {len(wps[name])} intervals)")
+        print(f"  {name:<22} {value:10.0f} target tokens/s (median of {len(wps[name])} intervals)")
     ratio = medians["hprune_transformer"] / medians["stock transformer"]
-    print(f"train tokens/s ratio hprune/stock = {ratio:.3f}  (goal >= 0.95)  "
-          f"[{cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers, d={cfg.model.encoder_embed_dim}]")
+    shape = f"[{cfg.model.encoder_layers}+{cfg.model.decoder_layers} layers, d={cfg.model.encoder_embed_dim}]"
+    print(f"train tokens/s ratio hprune/stock = {ratio:.3f}  (goal >= 0.95)  {shape}")
+    gated = medians["hprune + head gates"] / medians["hprune_transformer"]
+    print(f"train tokens/s ratio with head gates/without = {gated:.3f}  (goal >= 0.95)  {shape}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ P(open) > 0.5 and a deterministic gate > 0.
 
 from dataclasses import dataclass, field
 
+import torch
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
@@ -42,9 +43,10 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
         penalty = model.gate_penalty(self.l0_normalize)
         loss = loss + self.l0_lambda * penalty * sample_size
         logging["loss"] = loss.data
-        logging["open_heads"] = model.gate_penalty("sum").data
-        logging["alive_heads"] = sum(int(((m.gate.p_open() > 0.5) & (m.gate.deterministic() > 0)).sum())
-                                     for _, _, m in model.gates())
+        with torch.no_grad():  # tensors, not Python numbers: no host-device synchronisation per step
+            gates = [m.gate for _, _, m in model.gates()]
+            logging["open_heads"] = sum(gate.p_open().sum() for gate in gates)
+            logging["alive_heads"] = sum(gate.alive().sum() for gate in gates)
         return loss, sample_size, logging
 
     @classmethod

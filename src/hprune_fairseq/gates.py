@@ -53,3 +53,7 @@ class HardConcreteGate(nn.Module):
         """P(gate ≠ 0) per head: the expected L0 norm's terms."""
         shift = self.temperature * math.log(-self.low / self.high)
         return torch.sigmoid(self.log_alpha - shift).clamp(EPS, 1 - EPS)
+
+    def alive(self) -> Tensor:
+        """Heads counted alive in Voita et al.'s logs: P(open) > 0.5 and a deterministic gate > 0."""
+        return (self.p_open() > 0.5) & (self.deterministic() > 0)
