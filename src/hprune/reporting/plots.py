@@ -20,11 +20,21 @@ def _figure():
 
 
 def _save(fig, path: Path) -> Path:
-    """savefig to a temporary name, then rename: no half-written image."""
+    """savefig to a temporary name, then rename: no half-written image. Closes the figure."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    try:
+        fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+        return path
+    finally:
+        _figure().close(fig)
+
+
+def _lines(ax, xlabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(alpha=0.3)
 
 
 def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path, title: str = "") -> Path:
@@ -34,15 +44,9 @@ def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path, title: str
     for order, rows in curve.groupby("order", sort=False):
         ax.plot(rows["pct_pruned"], rows["bleu"], marker="o", label=order)
     ax.axhline(baseline_bleu, color="grey", linestyle="--", linewidth=1, label="unpruned")
-    ax.set_xlabel("% of heads pruned")
     ax.set_ylabel("BLEU")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    _lines(ax, "% of heads pruned", title)
+    return _save(fig, path)
 
 
 def head_heatmaps(table: pd.DataFrame, value: str, path: Path, title: str = "") -> Path:
@@ -64,10 +68,7 @@ def head_heatmaps(table: pd.DataFrame, value: str, path: Path, title: str = "") 
     axes[0][0].set_ylabel("layer")
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label=value)
     fig.suptitle(title)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    return _save(fig, path)
 
 
 def line(table: pd.DataFrame, x: str, ys: list, path: Path, title: str = "") -> Path:
@@ -75,11 +76,5 @@ def line(table: pd.DataFrame, x: str, ys: list, path: Path, title: str = "") -> 
     fig, ax = plt.subplots(figsize=(6, 4))
     for y in ys:
         ax.plot(table[x], table[y], label=y)
-    ax.set_xlabel(x)
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    try:
-        return _save(fig, path)
-    finally:
-        plt.close(fig)
+    _lines(ax, x, title)
+    return _save(fig, path)
