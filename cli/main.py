@@ -15,7 +15,7 @@ VERBS = {
     "train": ("hprune.runner.train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
     "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
     "data": ("hprune.runner.data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
-    "prune": ("hprune.runner.prune", "`hprune prune --method michel ckpt=PATH`: score heads, prune, BLEU curve"),
+    "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
 }
 NOT_BUILT = {
     "analyze": "head-role analysis",
