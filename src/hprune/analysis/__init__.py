@@ -1,0 +1,1 @@
+"""Head-role analysis (Voita et al.): what each attention head does."""
