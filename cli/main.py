@@ -16,9 +16,9 @@ VERBS = {
     "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
     "data": ("hprune.runner.data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
     "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
+    "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
 }
 NOT_BUILT = {
-    "analyze": "head-role analysis",
     "report": "result tables and plots over runs",
 }
 POSITIONAL = {"data": ("action", ("prepare",))}  # `hprune data prepare` -> action=prepare

@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 CONFIG_DIR = Path(hprune_configs.__file__).parent
 GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation"], "data": ["data"],
-          "prune": ["prune", "data", "generation"]}
+          "prune": ["prune", "data", "generation"], "analyze": ["data"]}
 
 
 def options(group):

@@ -1,0 +1,112 @@
+"""`hprune analyze ckpt=PATH`: head roles (Voita et al. 2019) on a split, with the gold dependency arcs.
+
+Encoder self-attention heads get positional, syntactic and rare-token measures (analysis/roles.py); every head
+gets its confidence (pruning/scores.py). With `mask=head_mask.json`, the summary says which roles survived.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from ..analysis.roles import RoleStats
+from ..data.prepare import prepare
+from ..errors import UserError
+from ..files import git_sha, run_dir, write_atomic, write_json
+from ..pruning import scores
+from ..pruning.heads import layout
+from ..reporting import plots
+from . import hydra_app
+from .evaluate import resolve_checkpoint
+
+ROLES = ("positional", "syntactic", "rare")
+
+
+def read_arcs(path: Path) -> list:
+    if not path.exists():
+        raise UserError(f"arcs file {path} does not exist; pass arcs=<jsonl with one {{\"arcs\": [...]}} per sentence>")
+    try:
+        return [json.loads(line)["arcs"] for line in path.read_text().splitlines()]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise UserError(f"{path} is not an arcs file ({err}); each line must be {{\"arcs\": [[relation, head, "
+                        "dependent], ...]}}") from None
+
+
+def read_mask(path: Path, model) -> dict:
+    try:
+        mask = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"mask={path} cannot be read as a head_mask.json ({err})") from None
+    expected = layout(model)
+    if {k: [len(r) for r in rows] for k, rows in mask.items()} != expected:
+        raise UserError(f"mask={path} does not fit this model: it needs heads per layer {expected}")
+    return mask
+
+
+def run(cfg: DictConfig) -> dict:
+    from .. import backend
+
+    ckpt = resolve_checkpoint(cfg.ckpt)
+    data_bin = prepare(cfg.data, cfg.paths.data_root)
+    loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
+    model, dictionary = loaded.model, loaded.task.source_dictionary
+    arcs = read_arcs(Path(cfg.arcs) if cfg.arcs else data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl")
+    mask = read_mask(cfg.mask, model) if cfg.mask else None
+    pad, eos = dictionary.pad(), dictionary.eos()
+
+    encoder = [(layer, m) for kind, layer, m in model.attention_modules() if kind == "enc-self"]
+    stats = {layer: RoleStats(m.num_heads) for layer, m in encoder}
+    skipped_arcs = 0
+    model.record_heads(weights=True)
+    with torch.no_grad():
+        for sample in backend.batches(loaded, cfg.split, cfg.max_tokens):
+            model.encoder(sample["net_input"]["src_tokens"], src_lengths=sample["net_input"]["src_lengths"])
+            for b, sentence_id in enumerate(sample["id"].tolist()):
+                tokens = sample["net_input"]["src_tokens"][b]
+                real = tokens.ne(pad).nonzero().squeeze(1)  # left-padded: the sentence, then EOS
+                words = tokens[real[:-1]].tolist()
+                rarest = min(range(len(words)), key=lambda i: (dictionary.count[words[i]], i)) if words else 0
+                sentence_arcs = arcs[sentence_id] if sentence_id < len(arcs) else []
+                if any(max(h, d) >= len(words) for _, h, d in sentence_arcs):  # subword tokens: arcs do not align
+                    skipped_arcs, sentence_arcs = skipped_arcs + 1, []
+                for layer, m in encoder:
+                    maps = m.head_weights[b][:, real][:, :, real].float().cpu()
+                    stats[layer].add(maps, rarest, sentence_arcs)
+    model.record_heads()
+
+    roles = pd.concat([stats[layer].table().assign(type="enc-self", layer=layer) for layer, _ in encoder])
+    roles["head"] = [m.head_ids[h] for layer, m in encoder for h in range(m.num_heads)]
+    roles["rare"] = roles["rare_token"] >= cfg.rare_min_share
+    confidence = scores.confidence(model, backend.batches(loaded, cfg.split, cfg.max_tokens), pad, eos)
+    roles = confidence.rename(columns={"importance": "confidence"}).merge(roles, on=["type", "layer", "head"], how="left")
+    if mask is not None:
+        roles["alive"] = [mask[t][layer][h] for t, layer, h in roles[["type", "layer", "head"]].itertuples(index=False)]
+    front = ["type", "layer", "head", "confidence", *ROLES]
+    roles = roles[front + [c for c in roles.columns if c not in front]]
+
+    out = run_dir()
+    write_atomic(out / "head_roles.csv", roles.to_csv(index=False))
+    enc = roles[roles["type"] == "enc-self"]
+    for measure in ("confidence", "positional_prev", "positional_next", "rare_token"):
+        plots.head_heatmaps(roles if measure == "confidence" else enc, measure, out / f"roles_{measure}.png", measure)
+    metrics = {"verb": "analyze", "data": cfg.data.name, "split": cfg.split, "checkpoint": str(ckpt.absolute()),
+               "sentences_without_arcs": skipped_arcs, "rare_min_share": cfg.rare_min_share, "seed": cfg.seed,
+               "git_sha": git_sha(), **{f"{role}_heads": int(enc[role].sum()) for role in ROLES}}
+    lines = [f"{len(enc)} encoder self-attention heads on {cfg.split}: "
+             + ", ".join(f"{metrics[f'{role}_heads']} {role}" for role in ROLES)]
+    if mask is not None:
+        for role in ROLES:
+            heads = enc[enc[role].astype(bool)]
+            metrics[f"{role}_heads_alive"] = int(heads["alive"].sum())
+            lines.append(f"{role}: {int(heads['alive'].sum())} of {len(heads)} survived the mask")
+        metrics["other_heads_alive"] = int(enc[~enc[list(ROLES)].astype(bool).any(axis=1)]["alive"].sum())
+    write_atomic(out / "summary.txt", "\n".join(lines) + "\n")
+    write_json(out / "metrics.json", metrics)
+    print("\n".join(lines))
+    return metrics
+
+
+main = hydra_app("analyze")(run)
