@@ -328,13 +328,7 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
         argv.append("--cpu")
     cfg = _generation_cfg(tuple(argv))
     task, model = loaded.task, loaded.model
-    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
-    source_bin = Path(loaded.cfg.task.data) / f"{split}.{src}-{tgt}.{src}.bin"
-    if not source_bin.exists():
-        raise UserError(f"{source_bin} is missing; run `hprune data prepare` for this data set, or pick another split=")
-    if source_bin.stat().st_size == 0:  # fairseq cannot even open an empty split
-        raise UserError(f"the {split} split in {loaded.cfg.task.data} is empty; nothing to evaluate")
-    task.load_dataset(split, task_cfg=loaded.cfg.task)
+    _load_split(loaded, split)
     dataset = task.dataset(split)
     model.prepare_for_inference_(cfg)
     itr = task.get_batch_iterator(
@@ -406,14 +400,8 @@ def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: 
     """Teacher-forcing batches of a split, on the model's device, in a fixed order (or shuffled with a seed)."""
     from fairseq import utils
 
-    task, data = loaded.task, Path(loaded.cfg.task.data)
-    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
-    source_bin = data / f"{split}.{src}-{tgt}.{src}.bin"
-    if not source_bin.exists():
-        raise UserError(f"{source_bin} is missing; pick a split this data set has (train, valid, test)")
-    if source_bin.stat().st_size == 0:
-        raise UserError(f"the {split} split in {data} is empty; pick another split")
-    task.load_dataset(split, task_cfg=loaded.cfg.task)
+    task = loaded.task
+    _load_split(loaded, split)
     itr = task.get_batch_iterator(
         dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences, required_batch_size_multiple=1,
         max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
@@ -424,6 +412,21 @@ def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: 
             break
         if "net_input" in sample:
             yield utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+
+
+def _load_split(loaded: Loaded, split: str) -> None:
+    """Check a split exists and is not empty, and read its binarized data once per loaded model (pruning runs
+    translate and score it dozens of times)."""
+    if split in loaded.task.datasets:
+        return
+    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
+    source_bin = Path(loaded.cfg.task.data) / f"{split}.{src}-{tgt}.{src}.bin"
+    if not source_bin.exists():
+        raise UserError(f"{source_bin} is missing; run `hprune data prepare` for this data set, or pick a split "
+                        "it has (train, valid, test)")
+    if source_bin.stat().st_size == 0:  # fairseq cannot even open an empty split
+        raise UserError(f"the {split} split in {loaded.cfg.task.data} is empty; pick another split")
+    loaded.task.load_dataset(split, task_cfg=loaded.cfg.task)
 
 
 def build_criterion(loaded: Loaded):

@@ -69,7 +69,7 @@ def heads_to_prune(pool: int, pct: float) -> int:
     return math.ceil(round(pool * pct / 100, 9))
 
 
-def max_prunable(pool_heads: List[Head], min_heads_per_layer: int) -> int:
+def max_prunable(pool_heads: Iterable[Head], min_heads_per_layer: int) -> int:
     per_layer: Dict[Tuple[str, int], int] = {}
     for kind, layer, _ in pool_heads:
         per_layer[(kind, layer)] = per_layer.get((kind, layer), 0) + 1

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
+from ..pruning.heads import ATTENTION_TYPES
 
 
 def _figure():

@@ -39,17 +39,26 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
             "chrf_signature": str(chrf.get_signature())}
 
 
+def translate_and_score(cfg: DictConfig, loaded, data_bin: Path):
+    """Beam search on cfg.split with cfg.generation, scored against the split's raw references:
+    (backend.Translations, {bleu, chrf and their signatures})."""
+    from .. import backend
+
+    result = backend.translate(loaded, cfg.generation, cfg.split, cfg.seed, cfg.data.post_process,
+                               cfg.data.tokenizer)
+    references = read_references(data_bin.parent / "raw" / f"{cfg.split}.{cfg.data.tgt_lang}", result.sentences)
+    return result, score(result.hypotheses, references)
+
+
 def run(cfg: DictConfig) -> dict:
     from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
 
     ckpt = resolve_checkpoint(cfg.ckpt)
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
-    result = backend.translate(loaded, cfg.generation, cfg.split, cfg.seed, cfg.data.post_process,
-                               cfg.data.tokenizer)
-    references = read_references(data_bin.parent / "raw" / f"{cfg.split}.{cfg.data.tgt_lang}", result.sentences)
+    result, quality = translate_and_score(cfg, loaded, data_bin)
     metrics = {
-        "verb": "eval", "data": cfg.data.name, "split": cfg.split, **score(result.hypotheses, references),
+        "verb": "eval", "data": cfg.data.name, "split": cfg.split, **quality,
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen,
         "n_params": backend.count_parameters(loaded.model), **kept_columns(mask_without(loaded.model, ())),
         "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),

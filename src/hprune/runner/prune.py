@@ -38,18 +38,17 @@ from ..pruning.heads import (
 from ..reporting import plots
 from ..reporting.tables import markdown
 from . import hydra_app
-from .evaluate import read_references, resolve_checkpoint, score
+from .evaluate import resolve_checkpoint, translate_and_score
 
 log = logging.getLogger(__name__)
-METHODS = ("michel", "confidence", "magnitude", "random")  # orders; voita has its own runner
 ABLATIONS = ("single", "one_head")
 
 
 def check_settings(p: DictConfig) -> List[float]:
     """Refuse bad settings before any work; returns the curve's percentages."""
     for method in [p.method, *p.baselines]:
-        if method not in METHODS:
-            raise UserError(f"unknown pruning order '{method}'; choose from {', '.join(METHODS)}")
+        if method not in scores.METHODS:  # voita has its own runner
+            raise UserError(f"unknown pruning order '{method}'; choose from {', '.join(scores.METHODS)}")
     check_types(p.types)
     unknown = [a for a in p.ablations if a not in ABLATIONS]
     if unknown:
@@ -74,9 +73,8 @@ class Pruning:
     cfg: DictConfig
     loaded: object  # backend.Loaded
     criterion: object
-    references_file: Path
+    data_bin: Path
     pool: Set[Head]
-    references: Optional[List[str]] = None
 
     @property
     def p(self) -> DictConfig:
@@ -105,11 +103,7 @@ class Pruning:
         from .. import backend
 
         self.model.set_head_mask(mask)
-        result = backend.translate(self.loaded, self.cfg.generation, self.cfg.split, self.cfg.seed,
-                                   self.cfg.data.post_process, self.cfg.data.tokenizer)
-        if self.references is None:
-            self.references = read_references(self.references_file, result.sentences)
-        quality = score(result.hypotheses, self.references)
+        result, quality = translate_and_score(self.cfg, self.loaded, self.data_bin)
         loss = backend.split_loss(self.loaded, self.criterion, self.cfg.loss_split, self.p.importance.max_tokens)
         return {"bleu": quality["bleu"], "chrf": quality["chrf"], "bleu_signature": quality["bleu_signature"],
                 "valid_loss": round(loss["loss"], 4),
@@ -148,7 +142,7 @@ def ablations(run: Pruning, importance: pd.DataFrame, unpruned: dict, out: Path)
 def curve(run: Pruning, method: str, steps: List[float], unpruned: dict, initial_state: Optional[dict],
           on_row: Callable[[list], None], candidate: Callable[[dict], bool]) -> tuple[list, Optional[tuple]]:
     """Prune cumulatively in the method's order. Returns the rows and the last step that is a `candidate`
-    for head_mask.json, as (row, mask, weights after fine-tuning or None)."""
+    for head_mask.json, as (row, its evaluation, mask, weights after fine-tuning or None)."""
     from .. import backend
 
     p = run.p
@@ -177,26 +171,26 @@ def curve(run: Pruning, method: str, steps: List[float], unpruned: dict, initial
         rows.append(row)
         on_row(rows)
         if candidate(row):
-            chosen = (row, mask, cpu_copy(run.model) if p.finetune.updates else None)
+            chosen = (row, result, mask, cpu_copy(run.model) if p.finetune.updates else None)
     return rows, chosen
 
 
-def export(run: Pruning, mask: Mask, weights: Optional[dict], data_bin: Path, out: Path) -> dict:
-    """Physically remove the masked heads, reload the written checkpoint, and check it against the masked model."""
+def export(run: Pruning, mask: Mask, masked: dict, weights: Optional[dict], out: Path) -> dict:
+    """Physically remove the masked heads, reload the written checkpoint, and check it against the masked
+    model (`masked`: the curve's evaluation of that mask)."""
     from .. import backend
 
     if weights is not None:
         run.model.load_state_dict(weights)  # the fine-tuned weights of the chosen step
-    masked = run.evaluate(mask)
     path = out / "checkpoints" / "checkpoint_pruned.pt"
     backend.export_pruned(run.loaded, kept_ids(mask), path)
-    pruned = backend.load_model(path, data_bin, run.cfg.device, run.cfg.precision)
+    pruned = backend.load_model(path, run.data_bin, run.cfg.device, run.cfg.precision)
     sample = next(backend.batches(run.loaded, run.cfg.loss_split, run.p.importance.max_tokens, 1))
     with torch.no_grad():
         run.model.set_head_mask(mask)
         reference = run.model(**sample["net_input"])[0].float()
         difference = (pruned.model(**sample["net_input"])[0].float() - reference).abs().max().item()
-    pruned_run = Pruning(run.cfg, pruned, run.criterion, run.references_file, run.pool, run.references)
+    pruned_run = Pruning(run.cfg, pruned, run.criterion, run.data_bin, run.pool)
     result = pruned_run.evaluate(None)
     if result["hypotheses"] != masked["hypotheses"]:
         log.warning("the physically pruned model's translations differ from the masked model's")
@@ -219,12 +213,11 @@ def run(cfg: DictConfig) -> dict:
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
     pool = {head for head in present_heads(loaded.model) if head[0] in p.types}
-    if max(steps) > 0 and heads_to_prune(len(pool), max(steps)) > max_prunable(sorted(pool), p.min_heads_per_layer):
+    if max(steps) > 0 and heads_to_prune(len(pool), max(steps)) > max_prunable(pool, p.min_heads_per_layer):
         raise UserError(f"{max(steps)} % of the {len(pool)} heads of {', '.join(p.types)} is more than can be pruned "
                         f"with prune.min_heads_per_layer={p.min_heads_per_layer}; lower prune.step_pct's range, "
                         "prune.target_pct or that minimum")
-    references = data_bin.parent / "raw" / f"{cfg.split}.{cfg.data.tgt_lang}"
-    run_ = Pruning(cfg, loaded, backend.build_criterion(loaded), references, pool)
+    run_ = Pruning(cfg, loaded, backend.build_criterion(loaded), data_bin, pool)
     out = run_dir()
 
     importance = ranked(run_.scores(p.method))
@@ -256,7 +249,7 @@ def run(cfg: DictConfig) -> dict:
         rows, last_candidate = curve(run_, method, steps, unpruned, initial_state, write_curve, candidate)
         all_rows += rows
         if method == p.method:
-            chosen, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
+            chosen, chosen_result, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
     table = pd.DataFrame(all_rows)
     plots.bleu_curve(table, unpruned["bleu"], out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
     write_json(out / "head_mask.json", chosen_mask)
@@ -276,7 +269,7 @@ def run(cfg: DictConfig) -> dict:
         "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
     }
     if p.export:
-        metrics.update(export(run_, chosen_mask, chosen_weights, data_bin, out))
+        metrics.update(export(run_, chosen_mask, chosen_result, chosen_weights, out))
     write_json(out / "metrics.json", metrics)
     print(markdown(table.drop(columns=["step", "pct_target"])), end="")
     print(f"head_mask.json: {chosen['pct_pruned']} % of {len(pool)} heads pruned, BLEU {chosen['bleu']:.2f} "

@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without
 from ..reporting import plots
-from .evaluate import read_references, resolve_checkpoint, score
+from .evaluate import resolve_checkpoint, translate_and_score
 
 
 def check_settings(p: DictConfig) -> None:
@@ -32,11 +32,8 @@ def check_settings(p: DictConfig) -> None:
                         "set prune.types=[enc-self] or prune.freeze_decoder=false")
 
 
-def bleu(cfg: DictConfig, loaded, references_file: Path) -> float:
-    from .. import backend
-
-    result = backend.translate(loaded, cfg.generation, cfg.split, cfg.seed, cfg.data.post_process, cfg.data.tokenizer)
-    return score(result.hypotheses, read_references(references_file, result.sentences))["bleu"]
+def bleu(cfg: DictConfig, loaded, data_bin: Path) -> float:
+    return translate_and_score(cfg, loaded, data_bin)[1]["bleu"]
 
 
 def alive_over_training(log: Path) -> pd.DataFrame:
@@ -57,8 +54,7 @@ def run(cfg: DictConfig) -> dict:
     ckpt = resolve_checkpoint(cfg.ckpt)
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     start = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
-    references = data_bin.parent / "raw" / f"{cfg.split}.{cfg.data.tgt_lang}"
-    bleu_start = bleu(cfg, start, references)
+    bleu_start = bleu(cfg, start, data_bin)
 
     out = run_dir()
     save = out / "checkpoints"
@@ -80,13 +76,13 @@ def run(cfg: DictConfig) -> dict:
             rows.append({"type": kind, "layer": layer, "head": head, "log_alpha": round(log_alpha, 6),
                          "p_open": round(p_open, 6), "gate": round(gate, 6), "alive": int(gate > 0)})
     gates = pd.DataFrame(rows)
-    bleu_gates = bleu(cfg, gated, references)  # eval mode: the deterministic gates
+    bleu_gates = bleu(cfg, gated, data_bin)  # eval mode: the deterministic gates
     closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.alive}
     mask = mask_without(gated.model, closed)
     for _, _, m in gated.model.gates():
         m.gate = None
     gated.model.set_head_mask(mask)
-    bleu_mask = bleu(cfg, gated, references)
+    bleu_mask = bleu(cfg, gated, data_bin)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
     write_json(out / "head_mask.json", mask)
