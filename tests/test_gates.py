@@ -111,3 +111,59 @@ def test_fairseq_train_parses_the_gate_and_criterion_flags():
                                                 "--criterion", "hprune_l0", "--l0-lambda", "0.05",
                                                 "--l0-normalize", "layer_mean", "--head-gates", "enc-self,dec-enc"])
     assert (args.l0_lambda, args.l0_normalize, args.head_gates) == (0.05, "layer_mean", "enc-self,dec-enc")
+
+
+def test_folding_the_gates_gives_the_gated_outputs_without_gates():
+    """fold_gate scales each head's out_proj columns by its deterministic gate: same eval-mode output."""
+    from hprune_fairseq.attention import HeadAttention
+    torch.manual_seed(0)
+    module = HeadAttention(32, 4, self_attention=True).eval()
+    module.add_gate()
+    with torch.no_grad():
+        module.gate.log_alpha.copy_(torch.tensor([-3.0, -1.0, 0.5, 4.0]))  # gates 0, 0.22, 0.63, 1
+    x = torch.randn(5, 3, 32)
+    gated, _ = module(x, x, x)
+    values = module.fold_gate()
+    assert module.gate is None and values[0] == 0 and values[3] == 1 and 0 < values[1] < values[2] < 1
+    folded, _ = module(x, x, x)
+    torch.testing.assert_close(folded, gated, rtol=1e-5, atol=1e-6)
+
+
+class BudgetModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("budget_state", torch.zeros(2, dtype=torch.long))
+
+
+def test_budget_multiplier_follows_the_target_staircase():
+    """λ = gain · (kept − target); the target falls one head at a time from the start count to K over the
+    warm-up, and is K afterwards; only training batches advance the state."""
+    from hprune_fairseq.criterion import L0Criterion
+    criterion = L0Criterion.__new__(L0Criterion)
+    criterion.l0_budget, criterion.l0_budget_gain, criterion.l0_budget_warmup = 6, 0.05, 100
+    model = BudgetModel()
+    kept = torch.tensor(12)
+    assert criterion.budget_multiplier(model, kept, advance=True).item() == 0  # target 12 at the start
+    assert model.budget_state.tolist() == [1, 12]
+    assert criterion.budget_multiplier(model, torch.tensor(12), advance=False).item() == pytest.approx(0.0)
+    model.budget_state[0] = 50  # target 6 + ceil(6 · 50 / 100) = 9
+    assert criterion.budget_multiplier(model, torch.tensor(12), advance=False).item() == pytest.approx(0.15)
+    model.budget_state[0] = 99  # ceil(6 / 100) = 1 head above the budget
+    assert criterion.budget_multiplier(model, torch.tensor(7), advance=False).item() == pytest.approx(0.0)
+    model.budget_state[0] = 500
+    assert criterion.budget_multiplier(model, torch.tensor(5), advance=True).item() == pytest.approx(-0.05)
+    assert model.budget_state.tolist() == [501, 12]  # the start count is kept from the first batch
+
+
+def test_budget_state_is_saved_with_the_model(gated, trained_run):
+    """A resumed budget run continues its controller: the state is a model buffer; an ungated checkpoint
+    loads with it at zero."""
+    from hprune_fairseq.safe_load import load_checkpoint
+    model = gated.model
+    state = load_checkpoint(trained_run / "checkpoints" / "checkpoint_best.pt")["model"]
+    model.load_state_dict(state, strict=True)
+    assert model.budget_state.tolist() == [0, 0]
+    model.budget_state.copy_(torch.tensor([7, 12]))
+    assert model.state_dict()["budget_state"].tolist() == [7, 12]
+    model.fold_gates()
+    assert "budget_state" not in model.state_dict() and not list(model.gates())

@@ -25,7 +25,7 @@ def test_a_large_penalty_closes_every_gate_and_the_mask_reproduces_them(trained_
     metrics, gates = voita(trained_run, tmp_path / "run", "prune.l0_lambda=20", "prune.optim.lr=0.05")
     assert len(gates) == 12 and (gates["gate"] == 0).all() and (gates["alive"] == 0).all()
     assert (gates["p_open"] < 0.5).all()
-    assert metrics["alive_gated_heads"] == 0 and metrics["kept_enc_self"] == 0 and metrics["kept_dec_enc"] == 12
+    assert metrics["alive_heads"] == 0 and metrics["kept_enc_self"] == 0 and metrics["kept_dec_enc"] == 12
     assert metrics["gates_binary"] and metrics["bleu"] == metrics["bleu_gates"]  # read-out == the gates
     mask = json.loads((tmp_path / "run" / "head_mask.json").read_text())
     assert mask["enc-self"] == [[0] * 4] * 3 and mask["dec-self"] == [[1] * 4] * 3
@@ -39,13 +39,63 @@ def test_no_penalty_closes_no_gate(trained_run, tmp_path):
     metrics, gates = voita(trained_run, tmp_path / "run", "prune.l0_lambda=0", "prune.optim.lr=0.001",
                            "prune.types=[enc-self,dec-enc]", "prune.freeze_decoder=false")
     assert len(gates) == 24 and (gates["gate"] > 0).all()
-    assert metrics["alive_gated_heads"] == 24 and metrics["pct_pruned"] == 0
+    assert metrics["alive_heads"] == 24 and metrics["pct_pruned"] == 0
+    # gates strictly between 0 and 1, folded into out_proj: the ungated model translates exactly as the gated one
+    assert not metrics["gates_binary"] and metrics["bleu"] == metrics["bleu_gates"]
+
+
+def test_head_budget_lands_within_one_head_then_fine_tunes_exports_and_trains_from_scratch(trained_run, tmp_path):
+    """The budget mode ends within ±1 head of K on the synthetic task; then (a) fine-tuning with the mask fixed,
+    the physically pruned export of those weights, and (b) the same heads trained from scratch."""
+    out = tmp_path / "run"
+    metrics, gates = voita(trained_run, out, "prune.head_budget=6", "prune.optim.max_update=200",
+                           "prune.optim.lr=0.02", "prune.budget_warmup=100", "prune.gate_init=null",
+                           "prune.finetune.updates=10", "prune.export=true", "prune.from_scratch=true")
+    assert abs(metrics["kept_heads"] - 6) <= 1 and metrics["kept_enc_self"] == metrics["kept_heads"]
+    assert metrics["head_budget"] == 6 and metrics["l0_lambda"] is None
+    assert gates["kept"].sum() == metrics["kept_heads"] and (gates["kept"] == (gates["gate"] > 0)).all()
+    mask = json.loads((out / "head_mask.json").read_text())
+    assert sum(map(sum, mask["enc-self"])) == metrics["kept_heads"]
+    assert metrics["bleu"] == metrics["bleu_gates"]  # gates folded into the weights: the same translations
+    alive = pd.read_csv(out / "alive_heads.csv")
+    assert alive["kept_heads"].iloc[0] == 12 and alive["l0_lambda"].max() > 0
+    # (a) and the export: the fine-tuned weights, physically pruned, translate as the masked model does
+    assert metrics["finetune_updates"] == 10 and metrics["bleu_finetuned"] == metrics["export_bleu"]
+    assert metrics["export_same_translations"] and metrics["export_max_abs_diff"] < 1e-4
+    assert metrics["n_params_pruned"] < metrics["n_params"]
+    evaluation = hprune("eval", f"ckpt={metrics['export_checkpoint']}", f"hydra.run.dir={tmp_path / 'eval'}",
+                        *SMALL_DATA, "device=cpu")
+    assert f"BLEU {metrics['export_bleu']:.2f}" in evaluation.stdout
+    # (b) the control has exactly the surviving heads, built from scratch with the checkpoint's recipe
+    from hprune_fairseq.safe_load import load_checkpoint
+    scratch = load_checkpoint(out / "scratch" / "checkpoints" / "checkpoint_best.pt")
+    assert json.loads(scratch["cfg"]["model"].kept_heads)["enc-self"] == [
+        [h for h, alive in enumerate(row) if alive] for row in mask["enc-self"]]
+    per_layer = [scratch["model"][f"encoder.layers.{i}.self_attn.q_proj.weight"].shape[0] // 16 for i in range(3)]
+    assert per_layer == [sum(row) for row in mask["enc-self"]]
+    assert metrics["scratch_updates"] == 150 and 0 <= metrics["bleu_scratch"] <= 100
 
 
 @pytest.mark.parametrize("extra,expected", [
     (["prune.l0_lambda=-0.1"], "prune.l0_lambda=-0.1 is negative"),
+    (["prune.head_budget=13"], "prune.head_budget=13 is not a number of heads this model can keep"),
+    (["prune.head_budget=4", "prune.budget_gain=0"], "prune.budget_gain=0 must be > 0"),
     (["prune.types=[enc-self,cross]"], "unknown attention type(s) ['cross']"),
     (["prune.types=[dec-enc]"], "prune.freeze_decoder=true trains only the encoder"),
 ])
 def test_bad_settings(trained_run, tmp_path, extra, expected):
     assert_one_line_error(run_error(trained_run, tmp_path, "prune=voita", *extra), expected)
+
+
+def test_from_scratch_needs_the_training_run(trained_run, tmp_path):
+    lone = tmp_path / "lone.pt"
+    lone.write_bytes((trained_run / "checkpoints" / "checkpoint_best.pt").read_bytes())
+    proc = run_error(trained_run, tmp_path, "prune=voita", "prune.from_scratch=true", ckpt=lone)
+    assert_one_line_error(proc, "prune.from_scratch=true needs the `hprune train` run")
+
+
+def test_training_with_a_head_mask_that_does_not_fit(tmp_path):
+    bad = tmp_path / "mask.json"
+    bad.write_text(json.dumps({"enc-self": [[1, 0]] * 3, "dec-self": [[1] * 4] * 3, "dec-enc": [[1] * 4] * 3}))
+    proc = hprune("train", f"hydra.run.dir={tmp_path / 'run'}", f"head_mask={bad}", *SMALL_DATA, check=False)
+    assert_one_line_error(proc, f"head_mask={bad} does not fit this model")

@@ -17,12 +17,13 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .errors import UserError
+from .pruning.heads import kept_ids, read_mask
 
 try:
     import fairseq  # noqa: F401
@@ -136,6 +137,9 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     argv = [str(data_dir), "--task", "translation", "--source-lang", cfg.data.src_lang,
             "--target-lang", cfg.data.tgt_lang, "--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]
     argv += _flags(cfg.model, skip=("arch",)) + _flags(cfg.optim)
+    if cfg.get("head_mask"):  # only the mask's alive heads exist in the model (e.g. the from-scratch control)
+        mask = read_mask(cfg.head_mask, head_layout(cfg.model), key="head_mask")
+        argv += ["--kept-heads", json.dumps(kept_ids(mask), separators=(",", ":"))]
     argv += ["--save-dir", str(save_dir), "--seed", str(cfg.seed), "--num-workers", "0",
              "--log-format", "simple", "--log-interval", str(cfg.log_interval),
              "--no-epoch-checkpoints", "--save-interval-updates", str(cfg.save_interval_updates),
@@ -147,6 +151,13 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     if device == "cpu":
         argv.append("--cpu")
     return argv
+
+
+def head_layout(model_cfg: DictConfig) -> Dict[str, List[int]]:
+    """{type: [heads per layer]} of an unpruned model config (the head-mask layout)."""
+    return {"enc-self": [model_cfg.encoder_attention_heads] * model_cfg.encoder_layers,
+            "dec-self": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers,
+            "dec-enc": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers}
 
 
 def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save_dir: Path, device: str,
@@ -180,12 +191,15 @@ def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save
 
 def train(argv: Sequence[str]) -> None:
     """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one."""
-    from fairseq import distributed_utils
+    from fairseq import checkpoint_utils, distributed_utils
     from fairseq_cli import train as fairseq_train
 
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
     save_dir = Path(args.save_dir)
     _repair_resume_point(save_dir)
+    # fairseq keeps the best validation loss on the function object: a second training in this process (the
+    # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
+    vars(checkpoint_utils.save_checkpoint).pop("best", None)
     cfg = _to_omegaconf(args)
     with _frozen_heap():
         distributed_utils.call_main(cfg, fairseq_train.main)
@@ -470,17 +484,18 @@ def finetune(loaded: Loaded, criterion, updates: int, lr: float, max_tokens: int
 
 
 # --------------------------------------------------------------------------------------------- physical pruning
-def export_pruned(loaded: Loaded, kept: dict, dest: Path) -> torch.nn.Module:
+def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
     """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), in fp32.
 
     The kept ids go into the checkpoint's model config (`kept_heads`), from which the plugin rebuilds the
     pruned shapes before loading the weights; the optimizer state (shaped for the full model) is dropped.
-    Returns the pruned model (on the CPU).
+    The other settings come from loaded.path's checkpoint, or from `config_from`'s (e.g. the ungated model a
+    gated run started from). Returns the pruned model (on the CPU).
     """
     model = copy.deepcopy(loaded.model).float().cpu()
     model.set_head_mask(None)
     model.keep_heads(kept)
-    state = load_checkpoint(loaded.path)
+    state = load_checkpoint(config_from or loaded.path)
     state["model"] = model.state_dict()
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
     setattr(model_cfg, "kept_heads", json.dumps(kept, separators=(",", ":")))

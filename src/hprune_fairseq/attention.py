@@ -52,7 +52,7 @@ class HeadAttention(MultiheadAttention):
 
     def add_gate(self, init: Optional[float] = None) -> None:
         """A Hard Concrete gate on every present head (its log α is `<module>.gate.log_alpha`)."""
-        self.gate = HardConcreteGate(self.num_heads, init=init).to(self.q_proj.weight.device)
+        self.gate = HardConcreteGate(self.num_heads, init=init).to(self.q_proj.weight.device).train(self.training)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """A gated model loads an ungated checkpoint: the gates keep their initial values."""
@@ -60,6 +60,15 @@ class HeadAttention(MultiheadAttention):
         key = f"{name}.gate.log_alpha" if name else "gate.log_alpha"
         if self.gate is not None and key not in state_dict:
             state_dict[key] = self.gate.log_alpha.detach().clone()
+
+    @torch.no_grad()
+    def fold_gate(self) -> Tensor:
+        """Remove the gate, scaling each head's out_proj columns by its deterministic gate value, so the module
+        computes exactly what the gated module computed at test time. Returns the gate values folded in."""
+        values = self.gate.deterministic()
+        self.out_proj.weight.mul_(values.repeat_interleave(self.head_dim).to(self.out_proj.weight.dtype))
+        self.gate = None
+        return values
 
     @torch.no_grad()
     def prune_heads(self, keep_ids) -> None:

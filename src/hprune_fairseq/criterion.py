@@ -7,10 +7,22 @@ with L_C = Σ_heads P(gate ≠ 0) (`l0_normalize=sum`, the paper) or its mean ov
 the-story-of-heads' code, where λ = 0.1 by default). The logged `loss` is that whole objective; `nll_loss` is
 the translation loss alone, `open_heads` the expected number of open gates and `alive_heads` those with
 P(open) > 0.5 and a deterministic gate > 0.
+
+Head-budget mode (`l0_budget=K`): instead of a fixed λ, λ = l0_budget_gain · (kept − target) at every
+batch, where kept counts the heads whose deterministic gate is > 0 (those the read-out keeps) and the target
+falls one head at a time from the heads kept at the start to K over the first `l0_budget_warmup` batches. λ
+pushes gates closed while too many heads are kept, is 0 once the count is on target (only the translation
+loss moves the gates then), and negative, opening gates, when too few are. There is deliberately no integral
+term: Adam moves every pushed gate at about its learning rate whatever λ is, so a gate crosses 0 hundreds of
+updates after λ starts pushing it, and any memory of past excess (dual ascent) keeps λ positive after the
+count is reached and closes the heads still in transit (measured: 2-3 of a target of 6). The state (batches
+seen, heads kept at the start) is the model's integer buffer `budget_state`: saved with it, so a resumed run
+continues where it stopped, and exact in fp16/bf16.
 (No `from __future__ import annotations`: fairseq builds its argument parser from real field types.)
 """
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq.criterions import register_criterion
@@ -25,29 +37,54 @@ from fairseq.logging import metrics
 class L0CriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l0_lambda: float = field(default=0.0, metadata={"help": "weight λ of the expected-L0 penalty on head gates"})
     l0_normalize: str = field(default="sum", metadata={"help": "sum (over gated heads) or layer_mean"})
+    l0_budget: Optional[int] = field(default=None, metadata={
+        "help": "head-budget mode: set λ (l0_lambda is not used) until this many gated heads are kept"})
+    l0_budget_gain: float = field(default=0.05, metadata={
+        "help": "head-budget mode: λ = l0_budget_gain · (kept heads − target)"})
+    l0_budget_warmup: int = field(default=0, metadata={
+        "help": "head-budget mode: batches over which the target falls from the heads kept at the start to "
+                "l0_budget"})
 
 
 @register_criterion("hprune_l0", dataclass=L0CriterionConfig)
 class L0Criterion(LabelSmoothedCrossEntropyCriterion):
-    def __init__(self, task, sentence_avg, label_smoothing, l0_lambda=0.0, l0_normalize="sum",
-                 ignore_prefix_size=0, report_accuracy=False):
+    def __init__(self, task, sentence_avg, label_smoothing, l0_lambda=0.0, l0_normalize="sum", l0_budget=None,
+                 l0_budget_gain=0.05, l0_budget_warmup=0, ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if l0_lambda < 0:
             raise ValueError(f"l0_lambda={l0_lambda} must be >= 0")
         if l0_normalize not in ("sum", "layer_mean"):
             raise ValueError(f"unknown l0_normalize '{l0_normalize}'; use sum or layer_mean")
+        if l0_budget is not None and min(l0_budget, l0_budget_gain, l0_budget_warmup) < 0:
+            raise ValueError(f"l0_budget={l0_budget}, its gain and its warm-up must be >= 0")
         self.l0_lambda, self.l0_normalize = l0_lambda, l0_normalize
+        self.l0_budget, self.l0_budget_gain, self.l0_budget_warmup = l0_budget, l0_budget_gain, l0_budget_warmup
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging = super().forward(model, sample, reduce=reduce)
-        penalty = model.gate_penalty(self.l0_normalize)
-        loss = loss + self.l0_lambda * penalty * sample_size
-        logging["loss"] = loss.data
+        training = model.training and torch.is_grad_enabled()  # a training batch, not validation
         with torch.no_grad():  # tensors, not Python numbers: no host-device synchronisation per step
             gates = [m.gate for _, _, m in model.gates()]
-            logging["open_heads"] = sum(gate.p_open().sum() for gate in gates)
-            logging["alive_heads"] = sum(gate.alive().sum() for gate in gates)
+            open_heads = sum(gate.p_open().sum() for gate in gates)
+            alive_heads = sum(gate.alive().sum() for gate in gates)
+            kept_heads = sum((gate.deterministic() > 0).sum() for gate in gates)
+            multiplier = (self.l0_lambda if self.l0_budget is None
+                          else self.budget_multiplier(model, kept_heads, advance=training))
+        loss = loss + multiplier * model.gate_penalty(self.l0_normalize) * sample_size
+        logging.update(loss=loss.data, open_heads=open_heads, alive_heads=alive_heads, kept_heads=kept_heads,
+                       l0_lambda=torch.as_tensor(multiplier, dtype=torch.float32))
         return loss, sample_size, logging
+
+    def budget_multiplier(self, model, kept_heads, advance: bool):
+        """λ of the head-budget mode for this batch; `advance` (training batches) also updates its state."""
+        batches, start = model.budget_state
+        start = torch.where(batches == 0, kept_heads, start)
+        warmup = max(self.l0_budget_warmup, 1)
+        above = (start - self.l0_budget) * (self.l0_budget_warmup - batches).clamp(min=0)
+        target = self.l0_budget + (above + warmup - 1) // warmup  # ceil: whole heads
+        if advance:
+            model.budget_state.copy_(torch.stack([batches + 1, start]))
+        return self.l0_budget_gain * (kept_heads - target).float()
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
@@ -57,3 +94,5 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
             metrics.log_scalar("open_heads", open_heads, round=2)
             # alive: P(open) > 0.5 and a deterministic gate > 0, as Voita et al. count them
             metrics.log_scalar("alive_heads", float(logging_outputs[-1]["alive_heads"]), round=1)
+            metrics.log_scalar("kept_heads", float(logging_outputs[-1]["kept_heads"]), round=1)
+            metrics.log_scalar("l0_lambda", float(logging_outputs[-1]["l0_lambda"]), round=4)

@@ -147,10 +147,28 @@ class HpruneTransformerModel(TransformerModel):
         for kind, _, module in self.attention_modules():
             if kind in types:
                 module.add_gate(init)
+        # the head-budget controller's state (criterion `hprune_l0`, l0_budget): integers, so fp16/bf16 cannot
+        # round them away; saved with the model, so a resumed run continues where it stopped
+        self.register_buffer("budget_state", torch.zeros(2, dtype=torch.long))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A gated model loads an ungated checkpoint: its budget state starts at zero (gates: HeadAttention)."""
+        super().upgrade_state_dict_named(state_dict, name)
+        key = f"{name}.budget_state" if name else "budget_state"
+        if hasattr(self, "budget_state") and key not in state_dict:
+            state_dict[key] = torch.zeros(2, dtype=torch.long)
 
     def gates(self) -> Iterator[Tuple[str, int, HeadAttention]]:
         """The gated attention modules, as attention_modules() names them."""
         return ((kind, layer, m) for kind, layer, m in self.attention_modules() if m.gate is not None)
+
+    def fold_gates(self) -> None:
+        """Fold every deterministic gate into its out_proj columns (HeadAttention.fold_gate): same outputs in
+        eval mode, and a plain ungated model that can be masked, fine-tuned and physically pruned."""
+        for _, _, module in list(self.gates()):
+            module.fold_gate()
+        if hasattr(self, "budget_state"):
+            del self.budget_state
 
     def gate_penalty(self, normalize: str = "sum") -> Tensor:
         """Expected number of open gates, Σ P(gate ≠ 0): over every gated head ("sum", the paper's L_C), or the

@@ -6,7 +6,9 @@ unpruned layout; Michel et al.'s `E:layer:head` ids (1-based; E enc-self, D dec-
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Dict, Iterable, List, Set, Tuple
 
 import pandas as pd
@@ -38,6 +40,19 @@ def mask_without(model, pruned: Iterable[Head]) -> Mask:
     mask = {kind: [[0] * n for n in per_layer] for kind, per_layer in layout(model).items()}
     for kind, layer, h in present_heads(model):
         mask[kind][layer][h] = 0 if (kind, layer, h) in pruned else 1
+    return mask
+
+
+def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask") -> Mask:
+    """A head_mask.json that fits `expected` ({type: [heads per layer]}, see layout); `key` names the setting
+    in the error message."""
+    try:
+        mask = json.loads(Path(path).read_text())
+        shape = {kind: [len(row) for row in rows] for kind, rows in mask.items()}
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError) as err:
+        raise UserError(f"{key}={path} cannot be read as a head_mask.json ({err})") from None
+    if shape != expected:
+        raise UserError(f"{key}={path} does not fit this model: it needs heads per layer {expected}")
     return mask
 
 

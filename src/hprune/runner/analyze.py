@@ -17,7 +17,7 @@ from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning import scores
-from ..pruning.heads import layout
+from ..pruning.heads import layout, read_mask
 from ..reporting import plots
 from . import hydra_app
 from .evaluate import resolve_checkpoint
@@ -35,17 +35,6 @@ def read_arcs(path: Path) -> list:
                         "dependent], ...]}}") from None
 
 
-def read_mask(path: Path, model) -> dict:
-    try:
-        mask = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"mask={path} cannot be read as a head_mask.json ({err})") from None
-    expected = layout(model)
-    if {k: [len(r) for r in rows] for k, rows in mask.items()} != expected:
-        raise UserError(f"mask={path} does not fit this model: it needs heads per layer {expected}")
-    return mask
-
-
 def run(cfg: DictConfig) -> dict:
     from .. import backend
 
@@ -54,7 +43,7 @@ def run(cfg: DictConfig) -> dict:
     loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
     model, dictionary = loaded.model, loaded.task.source_dictionary
     arcs = read_arcs(Path(cfg.arcs) if cfg.arcs else data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl")
-    mask = read_mask(cfg.mask, model) if cfg.mask else None
+    mask = read_mask(cfg.mask, layout(model)) if cfg.mask else None
     pad, eos = dictionary.pad(), dictionary.eos()
 
     encoder = [(layer, m) for kind, layer, m in model.attention_modules() if kind == "enc-self"]

@@ -75,6 +75,7 @@ class Pruning:
     criterion: object
     data_bin: Path
     pool: Set[Head]
+    max_tokens: int  # per batch, for validation losses
 
     @property
     def p(self) -> DictConfig:
@@ -104,7 +105,7 @@ class Pruning:
 
         self.model.set_head_mask(mask)
         result, quality = translate_and_score(self.cfg, self.loaded, self.data_bin)
-        loss = backend.split_loss(self.loaded, self.criterion, self.cfg.loss_split, self.p.importance.max_tokens)
+        loss = backend.split_loss(self.loaded, self.criterion, self.cfg.loss_split, self.max_tokens)
         return {"bleu": quality["bleu"], "chrf": quality["chrf"], "bleu_signature": quality["bleu_signature"],
                 "valid_loss": round(loss["loss"], 4),
                 "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses}
@@ -175,22 +176,23 @@ def curve(run: Pruning, method: str, steps: List[float], unpruned: dict, initial
     return rows, chosen
 
 
-def export(run: Pruning, mask: Mask, masked: dict, weights: Optional[dict], out: Path) -> dict:
+def export(run: Pruning, mask: Mask, masked: dict, weights: Optional[dict], out: Path,
+           config_from: Optional[Path] = None) -> dict:
     """Physically remove the masked heads, reload the written checkpoint, and check it against the masked
-    model (`masked`: the curve's evaluation of that mask)."""
+    model (`masked`: Pruning.evaluate of that mask); config_from: see backend.export_pruned."""
     from .. import backend
 
     if weights is not None:
         run.model.load_state_dict(weights)  # the fine-tuned weights of the chosen step
     path = out / "checkpoints" / "checkpoint_pruned.pt"
-    backend.export_pruned(run.loaded, kept_ids(mask), path)
+    backend.export_pruned(run.loaded, kept_ids(mask), path, config_from)
     pruned = backend.load_model(path, run.data_bin, run.cfg.device, run.cfg.precision)
-    sample = next(backend.batches(run.loaded, run.cfg.loss_split, run.p.importance.max_tokens, 1))
+    sample = next(backend.batches(run.loaded, run.cfg.loss_split, run.max_tokens, 1))
     with torch.no_grad():
         run.model.set_head_mask(mask)
         reference = run.model(**sample["net_input"])[0].float()
         difference = (pruned.model(**sample["net_input"])[0].float() - reference).abs().max().item()
-    pruned_run = Pruning(run.cfg, pruned, run.criterion, run.data_bin, run.pool)
+    pruned_run = Pruning(run.cfg, pruned, run.criterion, run.data_bin, run.pool, run.max_tokens)
     result = pruned_run.evaluate(None)
     if result["hypotheses"] != masked["hypotheses"]:
         log.warning("the physically pruned model's translations differ from the masked model's")
@@ -217,7 +219,7 @@ def run(cfg: DictConfig) -> dict:
         raise UserError(f"{max(steps)} % of the {len(pool)} heads of {', '.join(p.types)} is more than can be pruned "
                         f"with prune.min_heads_per_layer={p.min_heads_per_layer}; lower prune.step_pct's range, "
                         "prune.target_pct or that minimum")
-    run_ = Pruning(cfg, loaded, backend.build_criterion(loaded), data_bin, pool)
+    run_ = Pruning(cfg, loaded, backend.build_criterion(loaded), data_bin, pool, p.importance.max_tokens)
     out = run_dir()
 
     importance = ranked(run_.scores(p.method))

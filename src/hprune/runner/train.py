@@ -8,7 +8,18 @@ from omegaconf import DictConfig
 
 from ..data.prepare import bin_dir, prepare
 from ..files import git_sha, run_dir, write_atomic, write_json
+from ..pruning.heads import read_mask
 from . import hydra_app
+
+
+def heads_per_layer(cfg: DictConfig) -> dict:
+    """{type: [heads per layer]} of the trained model: all of them, or those cfg.head_mask keeps."""
+    from .. import backend
+
+    layout = backend.head_layout(cfg.model)
+    if not cfg.head_mask:
+        return layout
+    return {kind: [sum(row) for row in rows] for kind, rows in read_mask(cfg.head_mask, layout, "head_mask").items()}
 
 
 def run(cfg: DictConfig) -> dict:
@@ -27,9 +38,7 @@ def run(cfg: DictConfig) -> dict:
         "device": backend.resolve_device(cfg.device), "precision": cfg.precision, "seed": cfg.seed,
         "git_sha": git_sha(), "checkpoint": str(save_dir / "checkpoint_best.pt"),
         "seconds": round(time.perf_counter() - started, 1),
-        "heads": {"enc-self": [cfg.model.encoder_attention_heads] * cfg.model.encoder_layers,
-                  "dec-self": [cfg.model.decoder_attention_heads] * cfg.model.decoder_layers,
-                  "dec-enc": [cfg.model.decoder_attention_heads] * cfg.model.decoder_layers},
+        "heads": heads_per_layer(cfg), "head_mask": cfg.head_mask,
     }
     write_json(out / "metrics.json", metrics)
     print(f"trained {metrics['num_updates']} updates, best valid loss {metrics['best_valid_loss']:.3f}, "

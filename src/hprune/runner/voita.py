@@ -1,8 +1,12 @@
 """`hprune prune --method voita ckpt=PATH`: Hard Concrete head gates trained with an L0 penalty (Voita et al.).
 
-Continues training the converged checkpoint with fairseq-train (so an interrupted run resumes), a gate on every
-head of `prune.types` and the `hprune_l0` criterion; then reads the deterministic gates out into gates.csv and
-head_mask.json (alive = gate > 0) and measures BLEU with the gates and with the 0/1 mask.
+1. Continue training the converged checkpoint with fairseq-train (so an interrupted run resumes): a gate on every
+   head of `prune.types`, the `hprune_l0` criterion, a fixed λ or a head budget that adjusts λ.
+2. Read the deterministic gates out (gates.csv): a head is alive when its gate is > 0 (head_mask.json). The
+   gates are folded into the out_proj weights, so the masked ungated model computes exactly what the gated one
+   did; its BLEU is the run's BLEU (and `bleu_gates`, the gated model's own, checks that).
+3. Optionally (a) fine-tune with that mask fixed, (b) train the same head configuration from scratch, and
+   export the physically pruned model.
 """
 from __future__ import annotations
 
@@ -11,14 +15,17 @@ import shlex
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from ..data.prepare import prepare
+from ..data.prepare import bin_dir, prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
-from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without
+from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, present_heads
 from ..reporting import plots
 from .evaluate import resolve_checkpoint, translate_and_score
+from .prune import Pruning, export
+
+ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune_l0 criterion
 
 
 def check_settings(p: DictConfig) -> None:
@@ -30,20 +37,87 @@ def check_settings(p: DictConfig) -> None:
     if p.freeze_decoder and types != ["enc-self"]:
         raise UserError("prune.freeze_decoder=true trains only the encoder, so only enc-self gates would learn; "
                         "set prune.types=[enc-self] or prune.freeze_decoder=false")
+    if p.head_budget is not None and (p.budget_gain <= 0 or p.budget_warmup < 0):
+        raise UserError(f"prune.budget_gain={p.budget_gain} must be > 0 and prune.budget_warmup="
+                        f"{p.budget_warmup} >= 0")
+    if p.finetune.updates < 0:
+        raise UserError(f"prune.finetune.updates={p.finetune.updates} must be >= 0")
 
 
-def bleu(cfg: DictConfig, loaded, data_bin: Path) -> float:
-    return translate_and_score(cfg, loaded, data_bin)[1]["bleu"]
+def check_budget(p: DictConfig, n_heads: int) -> None:
+    if p.head_budget is not None and not 0 <= p.head_budget <= n_heads:
+        raise UserError(f"prune.head_budget={p.head_budget} is not a number of heads this model can keep: "
+                        f"{', '.join(p.types)} has {n_heads}; use 0..{n_heads}")
+
+
+def training_recipe(ckpt: Path) -> DictConfig:
+    """The `hprune train` settings ckpt was trained with (its run dir's .hydra/config.yaml)."""
+    config = ckpt.parent.parent / ".hydra" / "config.yaml"
+    recipe = OmegaConf.load(config) if config.exists() else None
+    if recipe is None or recipe.get("verb") != "train":
+        raise UserError(f"prune.from_scratch=true needs the `hprune train` run of {ckpt} ({config} is missing); "
+                        "train the control yourself: hprune train head_mask=<this run>/head_mask.json <its settings>")
+    return recipe
 
 
 def alive_over_training(log: Path) -> pd.DataFrame:
-    """(num_updates, alive_heads, open_heads) from fairseq's progress lines in the run's log."""
+    """(num_updates, kept, alive and expected open heads, λ) from fairseq's progress lines in the run's log."""
     rows = []
     for line in log.read_text().splitlines() if log.exists() else []:
         if "train_inner" in line and "alive_heads=" in line:
-            fields = dict(re.findall(r"(\w+)=([\d.]+)", line))
-            rows.append((int(fields["num_updates"]), float(fields["alive_heads"]), float(fields["open_heads"])))
-    return pd.DataFrame(rows, columns=["num_updates", "alive_heads", "open_heads"])
+            fields = dict(re.findall(r"(\w+)=(-?[\d.]+)", line))
+            rows.append((int(fields["num_updates"]), *(float(fields[k]) for k in ALIVE_COLUMNS)))
+    return pd.DataFrame(rows, columns=["num_updates", *ALIVE_COLUMNS])
+
+
+def gate_table(model) -> pd.DataFrame:
+    """One row per gated head: log α, P(open), the deterministic gate, kept (gate > 0: the read-out keeps it) and
+    alive (Voita et al.'s count: P(open) > 0.5 and gate > 0)."""
+    rows = []
+    for kind, layer, m in model.gates():
+        for log_alpha, p_open, gate, head in zip(m.gate.log_alpha.tolist(), m.gate.p_open().tolist(),
+                                                 m.gate.deterministic().tolist(), m.head_ids):
+            rows.append({"type": kind, "layer": layer, "head": head, "log_alpha": round(log_alpha, 6),
+                         "p_open": round(p_open, 6), "gate": round(gate, 6), "kept": int(gate > 0),
+                         "alive": int(p_open > 0.5 and gate > 0)})
+    return pd.DataFrame(rows)
+
+
+def gated_training_argv(cfg: DictConfig, start, ckpt: Path, data_bin: Path, save: Path) -> list:
+    from .. import backend
+
+    p = cfg.prune
+    argv = backend.continue_training_argv(ckpt, start.cfg.model, start.cfg.task, data_bin, save, cfg.device,
+                                          cfg.precision, cfg.seed)
+    argv += ["--criterion", "hprune_l0", "--label-smoothing", str(start.cfg.criterion.get("label_smoothing", 0.0)),
+             "--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
+    if p.head_budget is not None:
+        argv += ["--l0-budget", str(p.head_budget), "--l0-budget-gain", str(p.budget_gain),
+                 "--l0-budget-warmup", str(p.budget_warmup)]
+    argv += ["--gate-log-alpha-init", str(p.gate_init)] if p.gate_init is not None else []
+    argv += ["--freeze-decoder"] if p.freeze_decoder else []
+    return argv + backend._flags(p.optim)
+
+
+def from_scratch(cfg: DictConfig, recipe: DictConfig, mask_path: Path, criterion, data_bin: Path, pool: set,
+                 out: Path) -> dict:
+    """Voita et al.'s control: the surviving head configuration trained from scratch, with the checkpoint's own
+    training settings (model, optim, seed) on this run's data; its BLEU on the same split."""
+    from .. import backend
+
+    control = OmegaConf.create({
+        "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
+        "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path)})
+    save = out / "scratch" / "checkpoints"
+    argv = backend.train_argv(control, bin_dir(cfg.data, cfg.paths.data_root), save)
+    write_atomic(out / "scratch" / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
+    backend.train(argv)
+    trained = backend.load_model(save / "checkpoint_best.pt", data_bin, cfg.device, cfg.precision)
+    result = Pruning(cfg, trained, criterion, data_bin, pool, cfg.prune.optim.max_tokens).evaluate(None)
+    return {"bleu_scratch": result["bleu"], "valid_loss_scratch": result["valid_loss"],
+            "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
+            "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
 
 
 def run(cfg: DictConfig) -> dict:
@@ -52,61 +126,82 @@ def run(cfg: DictConfig) -> dict:
     p = cfg.prune
     check_settings(p)
     ckpt = resolve_checkpoint(cfg.ckpt)
+    recipe = training_recipe(ckpt) if p.from_scratch else None
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     start = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
-    bleu_start = bleu(cfg, start, data_bin)
+    pool = {head for head in present_heads(start.model) if head[0] in p.types}
+    check_budget(p, len(pool))
+    criterion = backend.build_criterion(start)  # the checkpoint's own: gates are folded away before it is used
+    unpruned = Pruning(cfg, start, criterion, data_bin, pool, p.optim.max_tokens).evaluate(None)
 
     out = run_dir()
     save = out / "checkpoints"
-    argv = backend.continue_training_argv(ckpt, start.cfg.model, start.cfg.task, data_bin, save, cfg.device,
-                                          cfg.precision, cfg.seed)
-    argv += ["--criterion", "hprune_l0", "--label-smoothing", str(start.cfg.criterion.get("label_smoothing", 0.0)),
-             "--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
-    argv += ["--gate-log-alpha-init", str(p.gate_init)] if p.gate_init is not None else []
-    argv += ["--freeze-decoder"] if p.freeze_decoder else []
-    argv += backend._flags(p.optim)
+    argv = gated_training_argv(cfg, start, ckpt, data_bin, save)
     write_atomic(out / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
     backend.train(argv)
 
     gated = backend.load_model(save / "checkpoint_last.pt", data_bin, cfg.device, cfg.precision)
-    rows = []
-    for kind, layer, m in gated.model.gates():
-        for log_alpha, p_open, gate, head in zip(m.gate.log_alpha.tolist(), m.gate.p_open().tolist(),
-                                                 m.gate.deterministic().tolist(), m.head_ids):
-            rows.append({"type": kind, "layer": layer, "head": head, "log_alpha": round(log_alpha, 6),
-                         "p_open": round(p_open, 6), "gate": round(gate, 6), "alive": int(gate > 0)})
-    gates = pd.DataFrame(rows)
-    bleu_gates = bleu(cfg, gated, data_bin)  # eval mode: the deterministic gates
-    closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.alive}
+    gates = gate_table(gated.model)
+    bleu_gates = translate_and_score(cfg, gated, data_bin)[1]["bleu"]  # eval mode: the deterministic gates
+    gated.model.fold_gates()
+    closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.kept}
     mask = mask_without(gated.model, closed)
-    for _, _, m in gated.model.gates():
-        m.gate = None
-    gated.model.set_head_mask(mask)
-    bleu_mask = bleu(cfg, gated, data_bin)
+    pruning = Pruning(cfg, gated, criterion, data_bin, pool, p.optim.max_tokens)
+    pruned = pruning.evaluate(mask)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
     write_json(out / "head_mask.json", mask)
-    plots.head_heatmaps(gates, "gate", out / "gates.png", f"deterministic gates, λ={p.l0_lambda}")
+    plots.head_heatmaps(gates, "gate", out / "gates.png", "deterministic gates, "
+                        + (f"λ={p.l0_lambda}" if p.head_budget is None else f"budget {p.head_budget} heads"))
     alive = alive_over_training(out / "prune.log")
     if len(alive):
         write_atomic(out / "alive_heads.csv", alive.to_csv(index=False))
-        plots.line(alive, "num_updates", ["alive_heads", "open_heads"], out / "alive_heads.png",
-                   "gated heads alive / expected open over training")
-    gated_heads = len(gates)
+        plots.line(alive, "num_updates", ["kept_heads", "alive_heads", "open_heads"], out / "alive_heads.png",
+                   "gated heads over training: kept (gate > 0), alive (P(open) > 0.5), expected open")
     metrics = {
         "verb": "prune", "method": "voita", "data": cfg.data.name, "split": cfg.split,
-        "l0_lambda": p.l0_lambda, "l0_normalize": p.l0_normalize, "types": list(p.types),
-        "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init, "updates": int(p.optim.max_update),
-        "bleu": bleu_mask, "bleu_gates": bleu_gates, "bleu_start": bleu_start,
-        "delta_bleu": round(bleu_mask - bleu_start, 4), "gated_heads": gated_heads,
-        "alive_gated_heads": int(gates["alive"].sum()), "pct_pruned": round(100 * len(closed) / gated_heads, 2),
+        "l0_lambda": p.l0_lambda if p.head_budget is None else None, "l0_normalize": p.l0_normalize, "head_budget": p.head_budget,
+        **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
+        "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
+        "types": list(p.types), "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init,
+        "updates": int(p.optim.max_update),
+        "bleu": pruned["bleu"], "bleu_gates": bleu_gates, "bleu_unpruned": unpruned["bleu"],
+        "delta_bleu": round(pruned["bleu"] - unpruned["bleu"], 4), "chrf": pruned["chrf"],
+        "valid_loss": pruned["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
+        "bleu_signature": pruned["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
+        "kept_heads": len(pool) - len(closed), "alive_heads": int(gates["alive"].sum()),
+        "pct_pruned": round(100 * len(closed) / len(pool), 2),
         **kept_columns(mask), "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
         "n_params": backend.count_parameters(start.model), "device": start.device, "precision": cfg.precision,
         "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
     }
+    final = pruned
+    if p.finetune.updates:
+        backend.finetune(gated, criterion, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
+        final = pruning.evaluate(mask)
+        metrics.update(finetune_updates=p.finetune.updates, bleu_finetuned=final["bleu"],
+                       delta_bleu_finetuned=round(final["bleu"] - unpruned["bleu"], 4),
+                       valid_loss_finetuned=final["valid_loss"])
+    if p.export:
+        metrics.update(export(pruning, mask, final, None, out, config_from=ckpt))
+    if p.from_scratch:
+        metrics.update(from_scratch(cfg, recipe, out / "head_mask.json", criterion, data_bin, pool, out))
     write_json(out / "metrics.json", metrics)
-    per_type = ", ".join(f"{k} {metrics['kept_' + k.replace('-', '_')]}" for k in ATTENTION_TYPES)
-    print(f"λ={p.l0_lambda} ({p.l0_normalize}): {metrics['alive_gated_heads']} of {gated_heads} gated heads alive "
-          f"(kept: {per_type}); BLEU {bleu_mask:.2f} ({metrics['delta_bleu']:+.2f} vs the start, "
-          f"{bleu_gates:.2f} with the gates themselves)")
+    print(summary(metrics))
     return metrics
+
+
+def summary(m: dict) -> str:
+    per_type = ", ".join(f"{k} {m['kept_' + k.replace('-', '_')]}" for k in ATTENTION_TYPES)
+    setting = (f"budget {m['head_budget']} (final λ {m['l0_lambda_final']:.4g})" if m["head_budget"] is not None
+               else f"λ={m['l0_lambda']}")
+    lines = [f"{setting} ({m['l0_normalize']}): {m['kept_heads']} of {m['heads_pool']} gated heads kept "
+             f"(kept: {per_type}); BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs the start)"]
+    if "bleu_finetuned" in m:
+        lines.append(f"fine-tuned {m['finetune_updates']} updates with the mask fixed: BLEU {m['bleu_finetuned']:.2f}")
+    if "export_checkpoint" in m:
+        lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "
+                     f"BLEU {m['export_bleu']:.2f}, max |diff| {m['export_max_abs_diff']:.1e})")
+    if "bleu_scratch" in m:
+        lines.append(f"the same heads trained from scratch ({m['scratch_updates']} updates): BLEU {m['bleu_scratch']:.2f}")
+    return "\n".join(lines)
