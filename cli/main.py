@@ -61,8 +61,9 @@ def _complete(args: list[str]) -> None:
 
 
 def _desugar(verb: str, args: list[str]) -> list[str]:
-    """`--method X` / `--method=X` -> `prune=X` (a config-group choice, so sweeps and --help still work)."""
-    flags, out, i = SUGAR.get(verb, {}), [], 0
+    """`--method X` / `--method=X` -> `prune=X` (a config-group choice, so sweeps and --help still work).
+    Overrides go after the flags: Hydra's parser takes no flag (`-m`, `--cfg job`) after the first override."""
+    flags, out, overrides, i = SUGAR.get(verb, {}), [], [], 0
     while i < len(args):
         flag, _, value = args[i].partition("=")
         if flag in flags:
@@ -70,11 +71,13 @@ def _desugar(verb: str, args: list[str]) -> list[str]:
                 if i + 1 >= len(args) or args[i + 1].startswith("-"):
                     fail(verb, f"{flag} needs a value, e.g. {flag} michel")
                 value, i = args[i + 1], i + 1
-            out.append(f"{flags[flag]}={value}")
+            overrides.append(f"{flags[flag]}={value}")
+        elif "=" in args[i] and not args[i].startswith("-"):
+            overrides.append(args[i])
         else:
             out.append(args[i])
         i += 1
-    return out
+    return out + overrides
 
 
 def main(argv: list[str] | None = None) -> None:

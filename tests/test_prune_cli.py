@@ -123,6 +123,10 @@ def test_checkpoint_that_is_not_an_hprune_model(trained_run, tmp_path):
 def test_method_sugar():
     proc = hprune("prune", "--method", "random", "ckpt=x", "--cfg", "job")
     assert "method: random" in proc.stdout and "step_pct: 10" in proc.stdout
+    # flags after overrides (`-m` after `--method voita ckpt=...`, as the README writes sweeps) still parse
+    from hprune_cli.main import _desugar
+    assert _desugar("prune", ["--method", "voita", "ckpt=x", "-m", "prune.l0_lambda=0,0.1", "--cfg", "job"]) == [
+        "-m", "--cfg", "job", "prune=voita", "ckpt=x", "prune.l0_lambda=0,0.1"]
     assert_one_line_error(hprune("prune", "--method", "nope", "ckpt=x", check=False), "unknown prune 'nope'",
                           "michel")
     assert_one_line_error(hprune("prune", "--method", check=False), "--method needs a value")
