@@ -99,3 +99,11 @@ def test_training_with_a_head_mask_that_does_not_fit(tmp_path):
     bad.write_text(json.dumps({"enc-self": [[1, 0]] * 3, "dec-self": [[1] * 4] * 3, "dec-enc": [[1] * 4] * 3}))
     proc = hprune("train", f"hydra.run.dir={tmp_path / 'run'}", f"head_mask={bad}", *SMALL_DATA, check=False)
     assert_one_line_error(proc, f"head_mask={bad} does not fit this model")
+
+
+@pytest.mark.slow
+def test_default_penalty_closes_half_the_encoder_heads_within_two_bleu(trained_run, tmp_path):
+    """The issue's end-to-end claim, on the small synthetic-task model with the default λ and schedule."""
+    metrics, _ = voita(trained_run, tmp_path / "run", "prune.optim.max_update=800", "prune.optim.log_interval=100",
+                       "prune.optim.warmup_updates=50", "prune.gate_init=null")
+    assert metrics["kept_enc_self"] <= 6 and metrics["delta_bleu"] >= -2
