@@ -189,10 +189,17 @@ def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save
     return argv + (["--cpu"] if device == "cpu" else [])
 
 
-def train(argv: Sequence[str]) -> None:
-    """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one."""
+def train(argv: Sequence[str], script: Optional[Path] = None) -> None:
+    """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one.
+    `script`: also write the equivalent command line there (fairseq-train.sh in a run dir)."""
+    import shlex
+
     from fairseq import checkpoint_utils, distributed_utils
     from fairseq_cli import train as fairseq_train
+
+    if script is not None:
+        from .files import write_atomic
+        write_atomic(script, shlex.join(["fairseq-train", *argv]) + "\n")
 
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
     save_dir = Path(args.save_dir)

@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
-import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ..files import write_atomic
-from .tables import markdown
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 # headline metrics, in this order, where a verb writes them
@@ -28,6 +29,7 @@ METRIC_COLUMNS = ("method", "head_budget", "kept_heads", "kept_enc_self", "kept_
 
 def collect(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str]]:
     """(one row per finished job: its overrides, then its headline metrics; the incomplete jobs' dirs)."""
+    import pandas as pd  # here, not at import: Hydra builds this callback at the start of every run
     rows, incomplete = [], []
     for job in sorted((p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()),
                       key=lambda p: (len(p.name), p.name)):
@@ -46,6 +48,8 @@ def collect(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str]]:
 
 
 def write_table(sweep_dir: Path) -> pd.DataFrame:
+    from .tables import markdown
+
     table, incomplete = collect(sweep_dir)
     if not table.empty:
         constant = [c for c in table.columns if c != "job" and table[c].astype(str).nunique() == 1

@@ -1,13 +1,12 @@
 """`hprune train`: train an hprune_transformer with fairseq; resumable, checkpoints in the run dir."""
 from __future__ import annotations
 
-import shlex
 import time
 
 from omegaconf import DictConfig
 
 from ..data.prepare import bin_dir, prepare
-from ..files import git_sha, run_dir, write_atomic, write_json
+from ..files import git_sha, run_dir, write_json
 from ..pruning.heads import read_mask
 from . import hydra_app
 
@@ -29,9 +28,8 @@ def run(cfg: DictConfig) -> dict:
     save_dir = out / "checkpoints"
     argv = backend.train_argv(cfg, bin_dir(cfg.data, cfg.paths.data_root), save_dir)  # checks the settings first
     prepare(cfg.data, cfg.paths.data_root)
-    write_atomic(out / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
     started = time.perf_counter()
-    backend.train(argv)
+    backend.train(argv, script=out / "fairseq-train.sh")
     summary = backend.checkpoint_summary(save_dir / "checkpoint_last.pt")
     metrics = {
         "verb": "train", "data": cfg.data.name, "arch": cfg.model.arch, **summary, **backend.train_speed(),

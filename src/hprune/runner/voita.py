@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.prepare import bin_dir, prepare
+from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, present_heads
@@ -110,9 +109,8 @@ def from_scratch(cfg: DictConfig, recipe: DictConfig, mask_path: Path, criterion
         "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(cfg.data, resolve=True),
         "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path)})
     save = out / "scratch" / "checkpoints"
-    argv = backend.train_argv(control, bin_dir(cfg.data, cfg.paths.data_root), save)
-    write_atomic(out / "scratch" / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
-    backend.train(argv)
+    argv = backend.train_argv(control, data_bin, save)
+    backend.train(argv, script=out / "scratch" / "fairseq-train.sh")
     trained = backend.load_model(save / "checkpoint_best.pt", data_bin, cfg.device, cfg.precision)
     result = Pruning(cfg, trained, criterion, data_bin, pool, cfg.prune.optim.max_tokens).evaluate(None)
     return {"bleu_scratch": result["bleu"], "valid_loss_scratch": result["valid_loss"],
@@ -137,8 +135,7 @@ def run(cfg: DictConfig) -> dict:
     out = run_dir()
     save = out / "checkpoints"
     argv = gated_training_argv(cfg, start, ckpt, data_bin, save)
-    write_atomic(out / "fairseq-train.sh", shlex.join(["fairseq-train", *argv]) + "\n")
-    backend.train(argv)
+    backend.train(argv, script=out / "fairseq-train.sh")
 
     gated = backend.load_model(save / "checkpoint_last.pt", data_bin, cfg.device, cfg.precision)
     gates = gate_table(gated.model)
