@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU smoke check (< 5 minutes on one GPU): transformer_base dimensions on the synthetic task for 300 updates
 # in bf16 and in fp16, evaluated with beam search, with training tokens/s printed next to stock fairseq-train's
-# (same dimensions, data and flags, `--arch transformer`), then a Michel pruning curve with physical export.
+# (same dimensions, data and flags, `--arch transformer`), then a Michel pruning curve with physical export;
+# then MoA (8 of 16 experts) trained and evaluated in both precisions.
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +35,12 @@ print(f"{run.name}: hprune {ours:,.0f} tok/s, stock fairseq {stock:,.0f} tok/s, 
       f"{train['num_updates']} updates, valid loss {train['best_valid_loss']:.3f}; BLEU {evaluation['bleu']:.2f}, "
       f"{evaluation['sentences_per_s']} sentences/s")
 PY
+done
+
+# MoA: sparse routing (8 of 16 experts of 128) trained and evaluated in bf16 and fp16
+for precision in bf16 fp16; do
+  run="$OUT/runs/moa-$precision"
+  "$PY" -m hprune_cli.main train experiment=gpu_smoke model=moa_8k16e128d precision=$precision \
+      optim.max_update=150 hydra.run.dir="$run" log_interval=50 | tail -n 1
+  "$PY" -m hprune_cli.main eval ckpt="$run" device=cuda precision=$precision hydra.run.dir="$run/eval" | tail -n 2
 done

@@ -57,7 +57,7 @@ def gated(trained_run, evaluated_run):
 
 def test_gradients_reach_log_alpha_and_penalties_follow_their_normalisation(gated):
     from hprune import backend
-    from hprune_fairseq.criterion import L0Criterion
+    from hprune_fairseq.criterion import HpruneCriterion
     model = gated.model
     gates = [m.gate for _, _, m in model.gates()]
     assert len(gates) == 6
@@ -69,7 +69,7 @@ def test_gradients_reach_log_alpha_and_penalties_follow_their_normalisation(gate
     model.train()
     losses = {}
     for lam in (0.0, 2.0):
-        criterion = L0Criterion(gated.task, False, 0.1, l0_lambda=lam, l0_normalize="sum")
+        criterion = HpruneCriterion(gated.task, False, 0.1, l0_lambda=lam, l0_normalize="sum")
         torch.manual_seed(3)  # the same gate noise and dropout for both
         loss, sample_size, logging = criterion(model, sample)
         grads = torch.autograd.grad(loss, [g.log_alpha for g in gates])
@@ -108,7 +108,7 @@ def test_fairseq_train_parses_the_gate_and_criterion_flags():
     from hprune.backend import PLUGIN_DIR
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, ["data", "--user-dir", PLUGIN_DIR, "--arch", "hprune_transformer",
-                                                "--criterion", "hprune_l0", "--l0-lambda", "0.05",
+                                                "--criterion", "hprune", "--l0-lambda", "0.05",
                                                 "--l0-normalize", "layer_mean", "--head-gates", "enc-self,dec-enc"])
     assert (args.l0_lambda, args.l0_normalize, args.head_gates) == (0.05, "layer_mean", "enc-self,dec-enc")
 
@@ -138,8 +138,8 @@ class BudgetModel(torch.nn.Module):
 def test_budget_multiplier_follows_the_target_staircase():
     """λ = gain · (kept − target); the target falls one head at a time from the start count to K over the
     warm-up, and is K afterwards; only training batches advance the state."""
-    from hprune_fairseq.criterion import L0Criterion
-    criterion = L0Criterion.__new__(L0Criterion)
+    from hprune_fairseq.criterion import HpruneCriterion
+    criterion = HpruneCriterion.__new__(HpruneCriterion)
     criterion.l0_budget, criterion.l0_budget_gain, criterion.l0_budget_warmup = 6, 0.05, 100
     model = BudgetModel()
     kept = torch.tensor(12)

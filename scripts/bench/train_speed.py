@@ -28,7 +28,7 @@ def main() -> None:
     archs = {"stock transformer": ["--arch", "transformer"],
              "hprune_transformer": ours,
              # Voita et al.'s training: a Hard Concrete gate on every head and the L0 criterion
-             "hprune + head gates": [*ours, "--head-gates", "enc-self,dec-self,dec-enc", "--criterion", "hprune_l0",
+             "hprune + head gates": [*ours, "--head-gates", "enc-self,dec-self,dec-enc", "--criterion", "hprune",
                                      "--l0-lambda", "0.1"]}
     wps: dict[str, list[float]] = {name: [] for name in archs}
     with tempfile.TemporaryDirectory() as tmp:

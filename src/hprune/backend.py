@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import UserError
 from .pruning.heads import kept_ids, read_mask
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 # fairseq's iterators always ask for pinned memory; on a CPU-only machine torch warns at every batch iterator
 warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
 PLUGIN_DIR = str(Path(hprune_fairseq.__file__).parent)  # for `--user-dir`
-HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big")
+HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big", "hprune_moa", "hprune_moa_big")
+MOA_ARCHS = ("hprune_moa", "hprune_moa_big")
 
 
 def resolve_device(device: str) -> str:
@@ -68,6 +69,8 @@ def _flags(options: DictConfig | dict, skip: Iterable[str] = ()) -> List[str]:
         if key in skip or value is None or value is False:
             continue
         argv.append("--" + key.replace("_", "-"))
+        if isinstance(value, (list, ListConfig)):  # e.g. moa_types: [enc-self, dec-enc] -> enc-self,dec-enc
+            value = ",".join(map(str, value))
         if value is not True:
             argv.append(str(value))
     return argv
@@ -134,6 +137,7 @@ def binarize(raw_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1
 def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     """The fairseq-train command line that a run config stands for."""
     device = resolve_device(cfg.device)
+    check_model(cfg.model, cfg.optim)
     argv = [str(data_dir), "--task", "translation", "--source-lang", cfg.data.src_lang,
             "--target-lang", cfg.data.tgt_lang, "--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]
     argv += _flags(cfg.model, skip=("arch",)) + _flags(cfg.optim)
@@ -153,11 +157,46 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     return argv
 
 
-def head_layout(model_cfg: DictConfig) -> Dict[str, List[int]]:
-    """{type: [heads per layer]} of an unpruned model config (the head-mask layout)."""
-    return {"enc-self": [model_cfg.encoder_attention_heads] * model_cfg.encoder_layers,
-            "dec-self": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers,
-            "dec-enc": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers}
+def check_model(model_cfg: DictConfig, optim_cfg: DictConfig) -> None:
+    """One clear line for model settings fairseq would reject with a traceback, or silently misuse."""
+    moa_keys = sorted(key for key in model_cfg if str(key).startswith("moa_") and model_cfg[key] is not None)
+    if model_cfg.arch not in MOA_ARCHS:
+        if moa_keys:
+            raise UserError(f"model.{moa_keys[0]} is a MoA option but model.arch={model_cfg.arch} is not a MoA "
+                            f"model; use model=moa_tiny (or arch {' / '.join(MOA_ARCHS)}), or drop the option")
+        return
+    experts, top_k, head_dim = (model_cfg.get(key) for key in ("moa_experts", "moa_top_k", "moa_head_dim"))
+    if experts is not None and top_k is not None and not 1 <= top_k <= experts:
+        raise UserError(f"model.moa_top_k={top_k} must be between 1 and model.moa_experts={experts} "
+                        "(each token uses k of the E experts)")
+    if head_dim is not None and head_dim < 1:
+        raise UserError(f"model.moa_head_dim={head_dim} must be a positive number of dimensions")
+    types = list(model_cfg.get("moa_types") or [])
+    unknown = sorted(set(types) - {"enc-self", "dec-self", "dec-enc"})
+    if unknown or not types:
+        raise UserError(f"model.moa_types={types}: needs one or more of enc-self, dec-self, dec-enc"
+                        + (f" ({', '.join(unknown)} unknown)" if unknown else "") + "; e.g. model.moa_types=[enc-self]")
+    if optim_cfg.criterion != "hprune":
+        raise UserError(f"optim.criterion={optim_cfg.criterion} would drop MoA's auxiliary losses; use "
+                        "optim.criterion=hprune for MoA models")
+
+
+def head_layout(model_cfg) -> Dict[str, List[int]]:
+    """{type: [heads per layer]} of an unpruned model config (the head-mask layout; experts on MoA layers)."""
+    moa_types = []
+    if getattr(model_cfg, "arch", None) in MOA_ARCHS:
+        if getattr(model_cfg, "moa_experts", None) is None:
+            raise UserError("a MoA model config must set moa_experts (see configs/model/moa_tiny.yaml)")
+        moa_types = getattr(model_cfg, "moa_types", None) or ["enc-self", "dec-self", "dec-enc"]
+        if isinstance(moa_types, str):  # a checkpoint's fairseq config holds the flag's comma-separated form
+            moa_types = moa_types.split(",")
+    layout = {"enc-self": [model_cfg.encoder_attention_heads] * model_cfg.encoder_layers,
+              "dec-self": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers,
+              "dec-enc": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers}
+    for kind in layout:
+        if kind in moa_types:
+            layout[kind] = [model_cfg.moa_experts] * len(layout[kind])
+    return layout
 
 
 def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save_dir: Path, device: str,

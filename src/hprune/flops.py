@@ -19,3 +19,16 @@ def count_flops(fn: Callable, *args, **kwargs) -> int:
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA) as counter:
         fn(*args, **kwargs)
     return counter.get_total_flops()
+
+
+def macs_per_token(model, sample: dict) -> dict:
+    """Forward multiply-accumulates of teacher-forced translation of one batch, per target token: the whole
+    model, and its attention sublayers alone (MACs = FLOPs / 2, as counted above)."""
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA) as counter:
+        model(**sample["net_input"])
+    tokens = int(sample["ntokens"])
+    by_module = counter.get_flop_counts()
+    attention = sum(sum(ops.values()) for name, ops in by_module.items()
+                    if name.endswith((".self_attn", ".encoder_attn")))
+    return {"macs_per_token": round(counter.get_total_flops() / 2 / tokens),
+            "attention_macs_per_token": round(attention / 2 / tokens)}

@@ -1,8 +1,12 @@
-"""`hprune_l0`: label-smoothed cross-entropy plus Voita et al.'s expected-L0 penalty on the head gates.
+"""`hprune`: label-smoothed cross-entropy, plus MoA's auxiliary losses on MoA models and Voita et al.'s
+expected-L0 penalty on gated models. On a plain model it is label_smoothed_cross_entropy.
 
 fairseq criteria return token-summed losses that the trainer divides by the sample size (target tokens), so
-the penalty is added as λ · L_C · sample_size: after that division the objective is, as in the reference code,
-    mean per-token cross-entropy + λ · L_C,
+both extra terms are added multiplied by sample_size: after that division the objective is
+    mean per-token cross-entropy + Σ_MoA layers (0.01 L_switch + 0.001 L_z + ...) + λ · L_C.
+The MoA coefficients therefore weigh against the per-token cross-entropy, as the paper states them; the
+released MoA code added them to the token-summed loss, which divides their effective weight by the tokens per
+update (262k in its run.sh). The L0 part is, as in Voita et al.'s reference code,
 with L_C = Σ_heads P(gate ≠ 0) (`l0_normalize=sum`, the paper) or its mean over gated layers (`layer_mean`,
 the-story-of-heads' code, where λ = 0.1 by default). The logged `loss` is that whole objective; `nll_loss` is
 the translation loss alone, `open_heads` the expected number of open gates and `alive_heads` those with
@@ -34,7 +38,7 @@ from fairseq.logging import metrics
 
 
 @dataclass
-class L0CriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+class HpruneCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l0_lambda: float = field(default=0.0, metadata={"help": "weight λ of the expected-L0 penalty on head gates"})
     l0_normalize: str = field(default="sum", metadata={"help": "sum (over gated heads) or layer_mean"})
     l0_budget: Optional[int] = field(default=None, metadata={
@@ -46,8 +50,8 @@ class L0CriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
                 "l0_budget"})
 
 
-@register_criterion("hprune_l0", dataclass=L0CriterionConfig)
-class L0Criterion(LabelSmoothedCrossEntropyCriterion):
+@register_criterion("hprune", dataclass=HpruneCriterionConfig)
+class HpruneCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, l0_lambda=0.0, l0_normalize="sum", l0_budget=None,
                  l0_budget_gain=0.05, l0_budget_warmup=0, ignore_prefix_size=0, report_accuracy=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
@@ -62,6 +66,15 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging = super().forward(model, sample, reduce=reduce)
+        aux = model.moa_aux_loss() if hasattr(model, "moa_aux_loss") else None
+        if aux is not None:
+            loss = loss + aux * sample_size
+            logging.update(loss=loss.data, moa_aux=aux.data)
+        if hasattr(model, "gates") and any(True for _ in model.gates()):
+            loss = self.add_l0_penalty(model, loss, sample_size, logging)
+        return loss, sample_size, logging
+
+    def add_l0_penalty(self, model, loss, sample_size, logging):
         training = model.training and torch.is_grad_enabled()  # a training batch, not validation
         with torch.no_grad():  # tensors, not Python numbers: no host-device synchronisation per step
             gates = [m.gate for _, _, m in model.gates()]
@@ -73,7 +86,7 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
         loss = loss + multiplier * model.gate_penalty(self.l0_normalize) * sample_size
         logging.update(loss=loss.data, open_heads=open_heads, alive_heads=alive_heads, kept_heads=kept_heads,
                        l0_lambda=torch.as_tensor(multiplier, dtype=torch.float32))
-        return loss, sample_size, logging
+        return loss
 
     def budget_multiplier(self, model, kept_heads, advance: bool):
         """λ of the head-budget mode for this batch; `advance` (training batches) also updates its state."""
@@ -89,6 +102,9 @@ class L0Criterion(LabelSmoothedCrossEntropyCriterion):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
+        if logging_outputs and "moa_aux" in logging_outputs[0]:
+            aux = sum(float(log["moa_aux"]) for log in logging_outputs) / len(logging_outputs)
+            metrics.log_scalar("moa_aux", aux, round=4)
         if logging_outputs and "open_heads" in logging_outputs[0]:
             open_heads = sum(float(log["open_heads"]) for log in logging_outputs) / len(logging_outputs)
             metrics.log_scalar("open_heads", open_heads, round=2)

@@ -29,14 +29,25 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import Tensor
 
 from .attention import HeadAttention
+from .moa import MoAAttention
 
 ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
 
 
+def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
+    """A MoA attention for this attention type if the model config makes it one (`--moa-types`)."""
+    if kind not in (getattr(cfg, "moa_types", None) or "").split(","):
+        return None
+    return MoAAttention(embed_dim, cfg.moa_experts, cfg.moa_top_k, cfg.moa_head_dim, dropout=cfg.attention_dropout,
+                        renormalize=cfg.moa_renormalize, switch_loss=cfg.moa_switch_loss, z_loss=cfg.moa_z_loss,
+                        cv_loss=cfg.moa_cv_loss, **kwargs)
+
+
 class HeadEncoderLayer(TransformerEncoderLayerBase):
     def build_self_attention(self, embed_dim, cfg):
-        return HeadAttention(embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout,
-                             self_attention=True, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+        return _moa(cfg, "enc-self", embed_dim, self_attention=True) or HeadAttention(
+            embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True,
+            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
 
 class HeadDecoderLayer(TransformerDecoderLayerBase):
@@ -44,14 +55,17 @@ class HeadDecoderLayer(TransformerDecoderLayerBase):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise NotImplementedError("hprune_transformer supports neither add_bias_kv, add_zero_attn "
                                       "nor cross_self_attention")
-        return HeadAttention(embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout,
-                             self_attention=True, q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
+        return _moa(cfg, "dec-self", embed_dim, self_attention=True) or HeadAttention(
+            embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True,
+            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
     def build_encoder_attention(self, embed_dim, cfg):
-        return HeadAttention(embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
-                             vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
-                             encoder_decoder_attention=True, q_noise=self.quant_noise,
-                             qn_block_size=self.quant_noise_block_size)
+        moa = _moa(cfg, "dec-enc", embed_dim, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+                   encoder_decoder_attention=True)
+        return moa or HeadAttention(embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
+                                    vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
+                                    encoder_decoder_attention=True, q_noise=self.quant_noise,
+                                    qn_block_size=self.quant_noise_block_size)
 
 
 def _wrap(layer, cfg):
@@ -61,14 +75,34 @@ def _wrap(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
 
+def _set_query_padding(owner: torch.nn.Module, tokens: Tensor, pad: int) -> None:
+    """MoA routes real tokens only. fairseq gives attention layers the key padding only, so the encoder and
+    decoder hand their MoA layers the query side before each forward."""
+    if not hasattr(owner, "_moa_layers"):
+        owner._moa_layers = [m for m in owner.modules() if isinstance(m, MoAAttention)]
+    padding = tokens.eq(pad) if owner._moa_layers else None
+    for module in owner._moa_layers:
+        module.query_padding_mask = padding
+
+
 class HeadEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         return _wrap(HeadEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+    def forward_scriptable(self, src_tokens, *args, **kwargs):
+        _set_query_padding(self, src_tokens, self.padding_idx)
+        return super().forward_scriptable(src_tokens, *args, **kwargs)
 
 
 class HeadDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return _wrap(HeadDecoderLayer(cfg, no_encoder_attn), cfg)
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs):
+        tokens = prev_output_tokens[:, -1:] if incremental_state is not None else prev_output_tokens
+        _set_query_padding(self, tokens, self.padding_idx)
+        return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state, *args,
+                                                   **kwargs)
 
 
 @register_model("hprune_transformer")
@@ -145,9 +179,11 @@ class HpruneTransformerModel(TransformerModel):
             raise ValueError(f"unknown attention type(s) {sorted(unknown)} for --head-gates; "
                              f"choose from {', '.join(ATTENTION_TYPES)}")
         for kind, _, module in self.attention_modules():
+            if kind in types and isinstance(module, MoAAttention):
+                raise ValueError(f"gates on MoA experts ({kind}) are not implemented yet; gate the other types")
             if kind in types:
                 module.add_gate(init)
-        # the head-budget controller's state (criterion `hprune_l0`, l0_budget): integers, so fp16/bf16 cannot
+        # the head-budget controller's state (criterion `hprune`, l0_budget): integers, so fp16/bf16 cannot
         # round them away; saved with the model, so a resumed run continues where it stopped
         self.register_buffer("budget_state", torch.zeros(2, dtype=torch.long))
 
@@ -197,4 +233,68 @@ def hprune_transformer(args):
 
 @register_model_architecture("hprune_transformer", "hprune_transformer_big")
 def hprune_transformer_big(args):
+    transformer_wmt_en_de_big(args)
+
+
+@register_model("hprune_moa")
+class HpruneMoAModel(HpruneTransformerModel):
+    """hprune_transformer whose attention sublayers of `--moa-types` are mixtures of attention experts
+    (moa.MoAAttention); the other sublayers keep their fairseq heads."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--moa-types", type=str, metavar="TYPES",
+                            help=f"attention types that are MoA layers, comma-separated ({', '.join(ATTENTION_TYPES)})")
+        parser.add_argument("--moa-experts", type=int, metavar="E", help="attention experts per MoA layer")
+        parser.add_argument("--moa-top-k", type=int, metavar="K", help="experts each token uses (k <= E)")
+        parser.add_argument("--moa-head-dim", type=int, metavar="D", help="size of each expert's query, and of "
+                                                                          "the shared key and value")
+        parser.add_argument("--moa-renormalize", action="store_true",
+                            help="divide the selected experts' weights by their (detached) sum, as the paper")
+        parser.add_argument("--moa-switch-loss", type=float, metavar="C", help="switch load-balancing loss weight")
+        parser.add_argument("--moa-z-loss", type=float, metavar="C", help="router z-loss weight")
+        parser.add_argument("--moa-cv-loss", type=float, metavar="C", help="CV² load loss weight")
+
+    @classmethod
+    def build_model(cls, args, task):
+        types = [t for t in args.moa_types.split(",") if t]
+        unknown = set(types) - set(ATTENTION_TYPES)
+        if unknown or not types:
+            raise ValueError(f"--moa-types {args.moa_types!r}: choose one or more of {', '.join(ATTENTION_TYPES)}")
+        if not 1 <= args.moa_top_k <= args.moa_experts:
+            raise ValueError(f"--moa-top-k {args.moa_top_k} must be between 1 and --moa-experts {args.moa_experts}")
+        return super().build_model(args, task)
+
+    def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:
+        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m, MoAAttention))
+
+    def moa_aux_loss(self) -> Optional[Tensor]:
+        """The weighted auxiliary losses of the last forward, summed over MoA layers (per token, see moa.py)."""
+        losses = [m.aux_loss for _, _, m in self.moa_layers() if m.aux_loss is not None]
+        return torch.stack(losses).sum() if losses else None
+
+
+def _moa_defaults(args, experts: int, top_k: int, head_dim: int) -> None:
+    args.moa_types = getattr(args, "moa_types", None) or ",".join(ATTENTION_TYPES)
+    args.moa_experts = getattr(args, "moa_experts", None) or experts
+    args.moa_top_k = getattr(args, "moa_top_k", None) or top_k
+    args.moa_head_dim = getattr(args, "moa_head_dim", None) or head_dim
+    args.moa_renormalize = getattr(args, "moa_renormalize", False)
+    for name, default in (("moa_switch_loss", 0.01), ("moa_z_loss", 0.001), ("moa_cv_loss", 0.0)):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+
+
+@register_model_architecture("hprune_moa", "hprune_moa")
+def hprune_moa(args):
+    """MoA-Base, "8K8E128D" (the released run.sh): base dimensions, 8 experts of 128, all 8 used per token."""
+    _moa_defaults(args, experts=8, top_k=8, head_dim=128)
+    base_architecture(args)
+
+
+@register_model_architecture("hprune_moa", "hprune_moa_big")
+def hprune_moa_big(args):
+    """MoA-Big, "16K32E256D": big dimensions, 32 experts of 256, 16 used per token."""
+    _moa_defaults(args, experts=32, top_k=16, head_dim=256)
     transformer_wmt_en_de_big(args)

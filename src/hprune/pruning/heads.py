@@ -26,6 +26,11 @@ def present_heads(model) -> List[Head]:
     return [(kind, layer, h) for kind, layer, module in model.attention_modules() for h in module.head_ids]
 
 
+def moa_types(model) -> Set[str]:
+    """The attention types whose layers are MoA layers (their "heads" are experts)."""
+    return {kind for kind, _, module in model.attention_modules() if hasattr(module, "q_experts")}
+
+
 def layout(model) -> Dict[str, List[int]]:
     """{type: [unpruned heads per layer]}: the shape of a head mask for this model."""
     shape: Dict[str, List[int]] = {}

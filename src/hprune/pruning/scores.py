@@ -74,6 +74,9 @@ def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFra
     decoder input starts with EOS, so dec-self's first position, which can only see it, is left out)."""
     model.eval()
     modules = list(model.attention_modules())
+    if any(hasattr(m, "q_experts") for _, _, m in modules):
+        raise ValueError("confidence needs per-head attention maps, which MoA experts do not have; "
+                         "rank MoA experts with michel, magnitude or random")
     totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in modules}
     counts = {(kind, layer): 0 for kind, layer, _ in modules}
     model.record_heads(weights=True)
@@ -104,6 +107,9 @@ def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFra
 def magnitude(model) -> pd.DataFrame:
     values = {}
     for kind, layer, m in model.attention_modules():
+        if hasattr(m, "q_experts"):  # a MoA expert: Σ|W_q^e| + Σ|W_o^e| (the shared K/V belong to no expert)
+            values[(kind, layer)] = (m.q_experts.abs().double().sum((1, 2)) + m.o_experts.abs().double().sum((1, 2))).cpu()
+            continue
         per_head = torch.zeros(m.num_heads, dtype=torch.float64)
         for proj in (m.q_proj, m.k_proj, m.v_proj):
             per_head += proj.weight.abs().double().sum(1).view(m.num_heads, m.head_dim).sum(1).cpu()

@@ -17,7 +17,7 @@ from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning import scores
-from ..pruning.heads import layout, read_mask
+from ..pruning.heads import layout, moa_types, read_mask
 from ..reporting import plots
 from . import hydra_app
 from .evaluate import resolve_checkpoint
@@ -46,6 +46,9 @@ def run(cfg: DictConfig) -> dict:
     mask = read_mask(cfg.mask, layout(model)) if cfg.mask else None
     pad, eos = dictionary.pad(), dictionary.eos()
 
+    if "enc-self" in moa_types(model):
+        raise UserError("head roles need per-head attention maps; this model's encoder self-attention is a MoA "
+                        "layer, whose experts do not keep them")
     encoder = [(layer, m) for kind, layer, m in model.attention_modules() if kind == "enc-self"]
     stats = {layer: RoleStats(m.num_heads) for layer, m in encoder}
     skipped_arcs = 0

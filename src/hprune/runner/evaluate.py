@@ -11,6 +11,8 @@ from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning.heads import kept_columns, mask_without
 from . import hydra_app
 
+EVAL_MAX_TOKENS = 4096  # teacher-forced batches for the MAC count and the expert load
+
 
 def resolve_checkpoint(ckpt: str) -> Path:
     path = Path(ckpt).expanduser()
@@ -50,6 +52,24 @@ def translate_and_score(cfg: DictConfig, loaded, data_bin: Path):
     return result, score(result.hypotheses, references)
 
 
+def model_costs(loaded, split: str, out: Path) -> dict:
+    """Parameters, counted MACs per target token (whole model and attention), and on MoA models the MoA
+    settings and how evenly the experts are used (expert_load.csv in the run dir)."""
+    from .. import backend
+    from ..analysis.moa import expert_load, load_summary
+    from ..flops import macs_per_token
+
+    costs = {"n_params": backend.count_parameters(loaded.model),
+             **macs_per_token(loaded.model, next(backend.batches(loaded, split, EVAL_MAX_TOKENS, 1)))}
+    load = expert_load(loaded.model, backend.batches(loaded, split, EVAL_MAX_TOKENS))
+    if not load.empty:
+        model_cfg = loaded.cfg.model
+        costs.update(moa_experts=model_cfg.moa_experts, moa_top_k=model_cfg.moa_top_k,
+                     moa_head_dim=model_cfg.moa_head_dim, moa_types=model_cfg.moa_types, **load_summary(load))
+        write_atomic(out / "expert_load.csv", load.to_csv(index=False))
+    return costs
+
+
 def run(cfg: DictConfig) -> dict:
     from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
 
@@ -57,20 +77,25 @@ def run(cfg: DictConfig) -> dict:
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
     result, quality = translate_and_score(cfg, loaded, data_bin)
+    out = run_dir()
     metrics = {
         "verb": "eval", "data": cfg.data.name, "split": cfg.split, **quality,
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen,
-        "n_params": backend.count_parameters(loaded.model), **kept_columns(mask_without(loaded.model, ())),
+        **model_costs(loaded, cfg.split, out), **kept_columns(mask_without(loaded.model, ())),
         "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
         "tokens_per_s": round(result.tokens / result.seconds, 1), "device": loaded.device,
         "precision": cfg.precision, "seed": cfg.seed, "git_sha": git_sha(),
         "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
     }
-    out = run_dir()
     write_atomic(out / f"hypotheses.{cfg.split}.txt", "".join(h + "\n" for h in result.hypotheses))
     write_json(out / "metrics.json", metrics)
     print(f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  ({result.sentences} sentences, "
           f"{metrics['sentences_per_s']} sentences/s)  {metrics['bleu_signature']}")
+    print(f"{metrics['n_params']:,} parameters, {metrics['macs_per_token']:,} MACs per target token "
+          f"({metrics['attention_macs_per_token']:,} in attention)"
+          + (f"; expert load CV {metrics['expert_load_cv']}, shares {metrics['expert_share_min']}-"
+             f"{metrics['expert_share_max']}, router entropy {metrics['router_entropy']} nats"
+             if "expert_load_cv" in metrics else ""))
     return metrics
 
 

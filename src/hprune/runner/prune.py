@@ -32,6 +32,7 @@ from ..pruning.heads import (
     mask_without,
     max_prunable,
     michel_id,
+    moa_types,
     present_heads,
     ranked,
 )
@@ -215,6 +216,10 @@ def run(cfg: DictConfig) -> dict:
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
     pool = {head for head in present_heads(loaded.model) if head[0] in p.types}
+    experts = sorted(moa_types(loaded.model) & set(p.types))
+    if experts and "confidence" in (p.method, *p.baselines):
+        raise UserError(f"confidence needs per-head attention maps, which the MoA experts of {', '.join(experts)} "
+                        "do not have; rank experts with michel, magnitude or random (prune.baselines=...)")
     if max(steps) > 0 and heads_to_prune(len(pool), max(steps)) > max_prunable(pool, p.min_heads_per_layer):
         raise UserError(f"{max(steps)} % of the {len(pool)} heads of {', '.join(p.types)} is more than can be pruned "
                         f"with prune.min_heads_per_layer={p.min_heads_per_layer}; lower prune.step_pct's range, "

@@ -1,7 +1,7 @@
 """`hprune prune --method voita ckpt=PATH`: Hard Concrete head gates trained with an L0 penalty (Voita et al.).
 
 1. Continue training the converged checkpoint with fairseq-train (so an interrupted run resumes): a gate on every
-   head of `prune.types`, the `hprune_l0` criterion, a fixed λ or a head budget that adjusts λ.
+   head of `prune.types`, the `hprune` criterion, a fixed λ or a head budget that adjusts λ.
 2. Read the deterministic gates out (gates.csv): a head is alive when its gate is > 0 (head_mask.json). The
    gates are folded into the out_proj weights, so the masked ungated model computes exactly what the gated one
    did; its BLEU is the run's BLEU (and `bleu_gates`, the gated model's own, checks that).
@@ -19,12 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
-from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, present_heads
+from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, moa_types, present_heads
 from ..reporting import plots
 from .evaluate import resolve_checkpoint, translate_and_score
 from .prune import Pruning, export
 
-ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune_l0 criterion
+ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
 
 
 def check_settings(p: DictConfig) -> None:
@@ -88,7 +88,7 @@ def gated_training_argv(cfg: DictConfig, start, ckpt: Path, data_bin: Path, save
     p = cfg.prune
     argv = backend.continue_training_argv(ckpt, start.cfg.model, start.cfg.task, data_bin, save, cfg.device,
                                           cfg.precision, cfg.seed)
-    argv += ["--criterion", "hprune_l0", "--label-smoothing", str(start.cfg.criterion.get("label_smoothing", 0.0)),
+    argv += ["--criterion", "hprune", "--label-smoothing", str(start.cfg.criterion.get("label_smoothing", 0.0)),
              "--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
     if p.head_budget is not None:
         argv += ["--l0-budget", str(p.head_budget), "--l0-budget-gain", str(p.budget_gain),
@@ -128,6 +128,10 @@ def run(cfg: DictConfig) -> dict:
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     start = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
     pool = {head for head in present_heads(start.model) if head[0] in p.types}
+    experts = sorted(moa_types(start.model) & set(p.types))
+    if experts:
+        raise UserError(f"Voita gates on MoA experts ({', '.join(experts)}) are not implemented yet; gate the "
+                        "model's other attention types (prune.types=[...]) or prune experts with --method michel")
     check_budget(p, len(pool))
     criterion = backend.build_criterion(start)  # the checkpoint's own: gates are folded away before it is used
     unpruned = Pruning(cfg, start, criterion, data_bin, pool, p.optim.max_tokens).evaluate(None)

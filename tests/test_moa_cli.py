@@ -1,0 +1,87 @@
+"""MoA models through the CLI: train -> eval (costs, expert load) -> Michel expert pruning with export, and
+the answers to bad MoA settings."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import SMALL_DATA, SMALL_TRAIN, hprune
+from test_cli import assert_one_line_error
+
+pytest.importorskip("fairseq")
+MOA = ["model=moa_tiny"]
+
+
+@pytest.fixture(scope="session")
+def moa_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("moa") / "train"
+    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN, *MOA)
+    return run
+
+
+def test_train_eval_and_expert_pruning_end_to_end(moa_run, evaluated_run, tmp_path):
+    train = json.loads((moa_run / "metrics.json").read_text())
+    assert train["arch"] == "hprune_moa" and train["heads"]["enc-self"] == [8, 8, 8]  # experts per layer
+    assert "moa_aux" in (moa_run / "train.log").read_text()  # the criterion added and logged the losses
+
+    hprune("eval", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'eval'}", *SMALL_DATA, "device=cpu")
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert (metrics["moa_experts"], metrics["moa_top_k"], metrics["moa_head_dim"]) == (8, 4, 16)
+    load = pd.read_csv(tmp_path / "eval" / "expert_load.csv")
+    assert len(load) == 9 * 8  # 3 types x 3 layers x 8 experts
+    assert load.groupby(["type", "layer"])["share"].sum().to_numpy() == pytest.approx(1.0)
+    assert metrics["expert_share_min"] == pytest.approx(load["share"].min(), abs=1e-4)
+    assert 0 < metrics["router_entropy"] <= 2.0795  # at most log 8
+    # the dense model of the same size: same queries and outputs, but 4 K/V heads instead of one shared one
+    dense = evaluated_run[1]
+    assert 0 < metrics["attention_macs_per_token"] < dense["attention_macs_per_token"]
+    assert metrics["macs_per_token"] > metrics["attention_macs_per_token"]
+    assert "expert_load_cv" not in dense
+
+    out = tmp_path / "prune"
+    hprune("prune", "--method", "michel", f"ckpt={moa_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.target_pct=50", "prune.baselines=[random,magnitude]", "prune.export=true")
+    pruned = json.loads((out / "metrics.json").read_text())
+    importance = pd.read_csv(out / "head_importance.csv")
+    assert len(importance) == 72 and (importance["importance"] > 0).sum() > 36  # experts, scored by gradients
+    mask = json.loads((out / "head_mask.json").read_text())
+    assert sum(map(sum, (row for rows in mask.values() for row in rows))) == 36
+    # experts physically removed: fewer parameters, the same translations as the masked model
+    assert pruned["export_same_translations"] and pruned["export_max_abs_diff"] < 1e-4
+    assert pruned["n_params_pruned"] < pruned["n_params"]
+    hprune("eval", f"ckpt={out / 'checkpoints' / 'checkpoint_pruned.pt'}", f"hydra.run.dir={out / 'eval'}",
+           *SMALL_DATA, "device=cpu")
+    evaluation = json.loads((out / "eval" / "metrics.json").read_text())
+    assert evaluation["bleu"] == pruned["export_bleu"] and evaluation["n_params"] == pruned["n_params_pruned"]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["model.moa_top_k=9"], "model.moa_top_k=9 must be between 1 and model.moa_experts=8"),
+    (["model.moa_types=[enc-self,cross]"], "(cross unknown)"),
+    (["model.moa_types=[]"], "needs one or more of enc-self"),
+    (["model.moa_head_dim=0"], "model.moa_head_dim=0 must be a positive"),
+    (["optim.criterion=label_smoothed_cross_entropy"], "would drop MoA's auxiliary losses"),
+])
+def test_bad_moa_settings(tmp_path, extra, expected):
+    proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_TRAIN, *MOA, *extra, check=False)
+    assert_one_line_error(proc, expected)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_moa_option_on_a_dense_model(tmp_path):
+    proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_TRAIN, "+model.moa_experts=8", check=False)
+    assert_one_line_error(proc, "model.moa_experts is a MoA option but model.arch=hprune_transformer")
+
+
+def test_methods_that_need_head_maps_refuse_moa(moa_run, tmp_path):
+    proc = hprune("prune", "--method", "confidence", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'c'}",
+                  *SMALL_DATA, "device=cpu", check=False)
+    assert_one_line_error(proc, "confidence needs per-head attention maps")
+    proc = hprune("prune", "--method", "voita", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'v'}",
+                  *SMALL_DATA, "device=cpu", check=False)
+    assert_one_line_error(proc, "Voita gates on MoA experts (enc-self) are not implemented yet")
+    proc = hprune("analyze", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'a'}", *SMALL_DATA, "device=cpu",
+                  check=False)
+    assert_one_line_error(proc, "head roles need per-head attention maps")
