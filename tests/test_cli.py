@@ -36,7 +36,8 @@ def test_help_lists_verbs_quickly():
 
 def test_verb_help_is_hydras():
     proc = hprune("train", "--help")
-    assert "model: transformer_base, transformer_big, transformer_tiny" in proc.stdout
+    assert ("model: moa_8k16e128d, moa_8k32e128d, moa_base, moa_big, moa_tiny, transformer_base, transformer_big, "
+            "transformer_tiny") in proc.stdout
     proc = hprune("train", "--cfg", "job", "model=transformer_base")
     assert "encoder_embed_dim: 512" in proc.stdout
 

@@ -85,3 +85,18 @@ def test_methods_that_need_head_maps_refuse_moa(moa_run, tmp_path):
     proc = hprune("analyze", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'a'}", *SMALL_DATA, "device=cpu",
                   check=False)
     assert_one_line_error(proc, "head roles need per-head attention maps")
+
+
+@pytest.mark.slow
+def test_moa_tiny_within_two_bleu_of_the_dense_tiny_model(tmp_path):
+    """The issue's claim on the synthetic task, with `make demo`'s recipe for both models: moa_tiny (k=4 of 8
+    experts of 16) against transformer_tiny (4 heads of 16), whose attention costs more MACs per token."""
+    results = {}
+    for model in ("transformer_tiny", "moa_tiny"):
+        run = tmp_path / model
+        hprune("train", f"hydra.run.dir={run}", f"model={model}", "device=cpu", timeout=1200)
+        hprune("eval", f"ckpt={run}", f"hydra.run.dir={run / 'eval'}", "device=cpu")
+        results[model] = json.loads((run / "eval" / "metrics.json").read_text())
+    dense, moa = results["transformer_tiny"], results["moa_tiny"]
+    assert moa["attention_macs_per_token"] <= dense["attention_macs_per_token"]
+    assert moa["bleu"] >= dense["bleu"] - 2, (moa["bleu"], dense["bleu"])
