@@ -196,6 +196,33 @@ def test_every_expert_masked_adds_nothing_and_stays_finite():
     assert torch.count_nonzero(module(x, x, x, need_weights=False)[0]) == 0
 
 
+@pytest.mark.parametrize("top_k", [2, 4])
+def test_expert_gates_fold_exactly_and_train(top_k):
+    """A closed gate takes its expert out of the router, an open one scales its output: folding the
+    deterministic gates into W_o and a mask computes the gated module's test-time output; in training the
+    gates are sampled and their log α get gradients."""
+    module = moa(4, top_k, self_attention=True)
+    torch.nn.init.normal_(module.router.weight)
+    module.add_gate()
+    with torch.no_grad():
+        module.gate.log_alpha.copy_(torch.tensor([3.0, -6.0, 0.2, -0.5]))  # open, closed, fractional, fractional
+    values = module.gate.deterministic()
+    assert values[0] == 1 and values[1] == 0 and 0 < values[2] < 1 and 0 < values[3] < 1
+    x = torch.randn(T, B, C)
+    gated, _ = module(x, x, x, need_weights=False)
+    module.set_head_mask([1, 0, 1, 1])  # the closed expert masked: the same output (it was out of the router)
+    torch.testing.assert_close(module(x, x, x, need_weights=False)[0], gated, atol=1e-6, rtol=0)
+    module.set_head_mask(None)
+    module.train()
+    module(x, x, x, need_weights=False)[0].pow(2).sum().backward()
+    assert module.gate.log_alpha.grad is not None and module.gate.log_alpha.grad.abs().sum() > 0
+    module.eval()
+    folded = module.fold_gate()
+    torch.testing.assert_close(folded, values)
+    assert module.gate is None and module.head_mask.tolist() == [True, False, True, True]
+    torch.testing.assert_close(module(x, x, x, need_weights=False)[0], gated, atol=1e-6, rtol=0)
+
+
 def test_dispatch_puts_every_slot_in_a_block_of_its_expert(dispatch_mode):
     torch.manual_seed(3)
     experts = torch.rand(50, 6).topk(3).indices

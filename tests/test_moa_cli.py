@@ -1,5 +1,5 @@
-"""MoA models through the CLI: train -> eval (costs, expert load) -> Michel expert pruning with export, and
-the answers to bad MoA settings."""
+"""MoA models through the CLI: train -> eval (costs, expert load) -> Michel and Voita expert pruning with
+export, and the answers to bad MoA settings."""
 from __future__ import annotations
 
 import json
@@ -57,12 +57,31 @@ def test_train_eval_and_expert_pruning_end_to_end(moa_run, evaluated_run, tmp_pa
     assert evaluation["bleu"] == pruned["export_bleu"] and evaluation["n_params"] == pruned["n_params_pruned"]
 
 
+def test_voita_gates_on_experts_fold_into_the_same_translations_and_export(moa_run, tmp_path):
+    """Hard Concrete gates on the 24 enc-self experts with a head budget: a closed gate is an expert out of the
+    router, so the read-out (gates folded into W_o, closed experts masked) translates as the gated model does,
+    and the physically pruned export as the masked one."""
+    out = tmp_path / "voita"
+    hprune("prune", "--method", "voita", f"ckpt={moa_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.head_budget=12", "prune.optim.max_update=120", "prune.optim.lr=0.02", "prune.budget_warmup=60",
+           "prune.optim.warmup_updates=0", "prune.optim.log_interval=20", "prune.export=true")
+    metrics = json.loads((out / "metrics.json").read_text())
+    gates = pd.read_csv(out / "gates.csv")
+    assert len(gates) == 24 and metrics["heads_pool"] == 24
+    assert abs(metrics["kept_heads"] - 12) <= 2 and gates["kept"].sum() == metrics["kept_heads"]
+    assert metrics["bleu"] == metrics["bleu_gates"]
+    assert metrics["export_same_translations"] and metrics["export_max_abs_diff"] < 1e-4
+    assert metrics["n_params_pruned"] < metrics["n_params"]
+
+
 @pytest.mark.parametrize("extra, expected", [
     (["model.moa_top_k=9"], "model.moa_top_k=9 must be between 1 and model.moa_experts=8"),
     (["model.moa_types=[enc-self,cross]"], "(cross unknown)"),
     (["model.moa_types=[]"], "needs one or more of enc-self"),
     (["model.moa_head_dim=0"], "model.moa_head_dim=0 must be a positive"),
     (["optim.criterion=label_smoothed_cross_entropy"], "would drop MoA's auxiliary losses"),
+    (["model.moa_types=[dec-enc]", "model.encoder_attention_heads=5"],
+     "model.encoder_embed_dim=64 is not divisible by model.encoder_attention_heads=5"),
 ])
 def test_bad_moa_settings(tmp_path, extra, expected):
     proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_TRAIN, *MOA, *extra, check=False)
@@ -79,9 +98,6 @@ def test_methods_that_need_head_maps_refuse_moa(moa_run, tmp_path):
     proc = hprune("prune", "--method", "confidence", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'c'}",
                   *SMALL_DATA, "device=cpu", check=False)
     assert_one_line_error(proc, "confidence needs per-head attention maps")
-    proc = hprune("prune", "--method", "voita", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'v'}",
-                  *SMALL_DATA, "device=cpu", check=False)
-    assert_one_line_error(proc, "Voita gates on MoA experts (enc-self) are not implemented yet")
     proc = hprune("analyze", f"ckpt={moa_run}", f"hydra.run.dir={tmp_path / 'a'}", *SMALL_DATA, "device=cpu",
                   check=False)
     assert_one_line_error(proc, "head roles need per-head attention maps")

@@ -159,6 +159,11 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
 
 def check_model(model_cfg: DictConfig, optim_cfg: DictConfig) -> None:
     """One clear line for model settings fairseq would reject with a traceback, or silently misuse."""
+    for side in ("encoder", "decoder"):
+        dim, heads = model_cfg.get(f"{side}_embed_dim"), model_cfg.get(f"{side}_attention_heads")
+        if dim and heads and dim % heads:
+            raise UserError(f"model.{side}_embed_dim={dim} is not divisible by model.{side}_attention_heads={heads} "
+                            "(each head gets embed_dim / heads dimensions); change one of them")
     moa_keys = sorted(key for key in model_cfg if str(key).startswith("moa_") and model_cfg[key] is not None)
     if model_cfg.arch not in MOA_ARCHS:
         if moa_keys:

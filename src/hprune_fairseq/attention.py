@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
-from .gates import HardConcreteGate
+from .gates import Gated, HardConcreteGate
 
 
-class HeadAttention(MultiheadAttention):
+class HeadAttention(Gated, MultiheadAttention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.bias_k is not None or self.add_zero_attn or self.use_xformers:
@@ -49,17 +49,6 @@ class HeadAttention(MultiheadAttention):
                 raise ValueError(f"head mask has shape {tuple(mask.shape)}, expected ({self.total_heads},)")
             mask = mask[self.head_ids]
         self.head_mask = mask
-
-    def add_gate(self, init: Optional[float] = None) -> None:
-        """A Hard Concrete gate on every present head (its log α is `<module>.gate.log_alpha`)."""
-        self.gate = HardConcreteGate(self.num_heads, init=init).to(self.q_proj.weight.device).train(self.training)
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        """A gated model loads an ungated checkpoint: the gates keep their initial values."""
-        super().upgrade_state_dict_named(state_dict, name)
-        key = f"{name}.gate.log_alpha" if name else "gate.log_alpha"
-        if self.gate is not None and key not in state_dict:
-            state_dict[key] = self.gate.log_alpha.detach().clone()
 
     @torch.no_grad()
     def fold_gate(self) -> Tensor:
@@ -90,8 +79,7 @@ class HeadAttention(MultiheadAttention):
         self.out_proj.in_features = len(rows)
         if self.head_mask is not None and self.head_mask.dim() == 1:
             self.head_mask = self.head_mask[local]
-        if self.gate is not None:
-            self.gate.log_alpha = torch.nn.Parameter(self.gate.log_alpha[local])
+        self.keep_gates(local)
         self.head_ids = [self.head_ids[i] for i in local]
         self.num_heads = len(local)
 

@@ -57,3 +57,29 @@ class HardConcreteGate(nn.Module):
     def alive(self) -> Tensor:
         """Heads counted alive in Voita et al.'s logs: P(open) > 0.5 and a deterministic gate > 0."""
         return (self.p_open() > 0.5) & (self.deterministic() > 0)
+
+
+class Gated:
+    """Hard Concrete gates on the units of an attention module: the heads of HeadAttention, the experts of
+    MoAAttention. `gate` is None, or one gate per unit present (`num_heads` of them); its log α is
+    `<module>.gate.log_alpha`."""
+
+    gate: Optional[HardConcreteGate]
+
+    def add_gate(self, init: Optional[float] = None) -> None:
+        device = next(self.parameters()).device
+        self.gate = HardConcreteGate(self.num_heads, init=init).to(device).train(self.training)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """A gated model loads an ungated checkpoint: the gates keep their initial values."""
+        parent = getattr(super(), "upgrade_state_dict_named", None)
+        if parent is not None:
+            parent(state_dict, name)
+        key = f"{name}.gate.log_alpha" if name else "gate.log_alpha"
+        if self.gate is not None and key not in state_dict:
+            state_dict[key] = self.gate.log_alpha.detach().clone()
+
+    def keep_gates(self, local) -> None:
+        """Physical pruning: keep the gates of the units at these positions."""
+        if self.gate is not None:
+            self.gate.log_alpha = nn.Parameter(self.gate.log_alpha[local])

@@ -25,10 +25,12 @@ Auxiliary losses (per layer, kept in `aux_loss` after each forward; the criterio
   switch  L_sw = E · Σ_e P̂_e f̂_e   (P̂: mean routing probability, f̂: share of routed slots; pads excluded)
   z-loss  L_z  = mean_t (logsumexp_e logit_{t,e})²   (logsumexp of fp32 logits: no overflow)
   CV²     L_cv = Var(G) / mean(G)²  (G_e: summed gate values of expert e)
-Experts have the head interface of `HeadAttention` (total_heads, head_ids, set_head_mask, prune_heads), so
-masks use the head-mask schema with one entry per expert. A masked or removed expert leaves the router: its
-logit is -inf, so tokens are routed among the remaining experts, and masking and physical removal compute the
-same thing.
+Experts have the head interface of `HeadAttention` (total_heads, head_ids, set_head_mask, prune_heads, gates,
+recorded outputs for Michel importance), so masks use the head-mask schema with one entry per expert. A masked
+or removed expert leaves the router: its logit is -inf, so tokens are routed among the remaining experts, and
+masking and physical removal compute the same thing. A Hard Concrete gate (Voita et al.) scales its expert's
+contribution, and a gate at 0 takes the expert out of the router too, so a closed gate is a masked expert and
+the gates fold exactly into W_o and a mask.
 """
 from __future__ import annotations
 
@@ -39,11 +41,14 @@ import torch
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
+from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
+
+from .gates import Gated
 
 
 @with_incremental_state
-class MoAAttention(nn.Module):
+class MoAAttention(Gated, nn.Module):
     def __init__(self, embed_dim: int, num_experts: int, top_k: int, head_dim: int, kdim: Optional[int] = None,
                  vdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = False,
                  encoder_decoder_attention: bool = False, renormalize: bool = False, switch_loss: float = 0.01,
@@ -69,7 +74,7 @@ class MoAAttention(nn.Module):
         self.total_heads = num_experts  # before any pruning: the length of an expert mask
         self.head_ids = list(range(num_experts))  # original ids of the experts still present
         self.head_mask: Optional[Tensor] = None  # (experts present,) booleans; None: all experts routable
-        self.gate = None  # no Hard Concrete gates on experts (yet)
+        self.gate = None  # Voita et al.'s Hard Concrete gates, one per expert (add_gate)
         self.query_padding_mask: Optional[Tensor] = None  # (batch, len), set by the encoder/decoder per forward
         self.aux_loss: Optional[Tensor] = None  # this layer's weighted auxiliary loss, from the last forward
         self.record_routing = False
@@ -97,12 +102,17 @@ class MoAAttention(nn.Module):
         return self.q_experts.size(0)
 
     # ------------------------------------------------------------------------------------ routing
-    def route(self, tokens: Tensor, real: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """tokens (N, d_model), real (N,) booleans or None -> slot weights (N, k), slot experts (N, k),
-        probabilities (N, E) and router logits (N, E), in fp32."""
+    def route(self, tokens: Tensor, real: Optional[Tensor], gates: Optional[Tensor] = None
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """tokens (N, d_model), real (N,) booleans or None, gate values (E,) or None -> slot weights (N, k),
+        slot experts (N, k), probabilities (N, E) and router logits (N, E), in fp32. Masked experts and experts
+        whose gate is 0 are out of the router."""
         logits = self.router(tokens).float()
-        if self.head_mask is not None:
-            logits = logits.masked_fill(~self.head_mask, float("-inf"))
+        closed = None if self.head_mask is None else ~self.head_mask
+        if gates is not None:
+            closed = gates == 0 if closed is None else closed | (gates == 0)
+        if closed is not None:
+            logits = logits.masked_fill(closed, float("-inf"))
         probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # NaN: every expert masked, the layer adds nothing
         if real is not None:
             probs = probs * real.unsqueeze(1)
@@ -176,6 +186,52 @@ class MoAAttention(nn.Module):
         return summed[:n]
 
     # ------------------------------------------------------------------------------------ forward
+    def _keys_values(self, query, key, value, key_padding_mask, incremental_state, static_kv):
+        """The shared keys and values, (batch, src_len, head_dim) each, and the key padding mask, with the
+        incremental-decoding cache read and updated (encoder keys are computed once, at the first step)."""
+        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        if saved_state is not None and static_kv and "prev_key" in saved_state:
+            key = None
+        k = v = None
+        if self.self_attention:
+            k, v = self.k_proj(query).transpose(0, 1), self.v_proj(query).transpose(0, 1)
+        elif key is not None:
+            k, v = self.k_proj(key).transpose(0, 1), self.v_proj(key if value is None else value).transpose(0, 1)
+        if saved_state is not None:
+            if "prev_key" in saved_state:
+                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
+                k = prev_k if static_kv else torch.cat([prev_k, k], dim=1)
+                v = prev_v if static_kv else torch.cat([prev_v, v], dim=1)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
+                batch_size=k.size(0), src_len=k.size(1), static_kv=static_kv)
+            saved_state.update(prev_key=k, prev_value=v, prev_key_padding_mask=key_padding_mask)
+            self._set_input_buffer(incremental_state, saved_state)
+        assert k is not None and v is not None
+        return k, v, key_padding_mask
+
+    def _attend(self, queries, k, v, attn_mask, key_padding_mask, slots: int, need_weights: bool):
+        """Single-head attention of the (batch, 1, tgt_len*slots, head_dim) slot queries over the shared keys and
+        values: the context, and the weights when asked for (else SDPA)."""
+        bsz, src_len = k.size(0), k.size(1)
+        mask = None  # additive, broadcast to (batch, 1, tgt_len*slots, src_len)
+        if attn_mask is not None:
+            mask = attn_mask.to(queries.dtype).repeat_interleave(slots, dim=0)
+        if key_padding_mask is not None:
+            padding = torch.zeros(bsz, 1, 1, src_len, dtype=queries.dtype, device=queries.device)
+            padding = padding.masked_fill(key_padding_mask.view(bsz, 1, 1, src_len).bool(), float("-inf"))
+            mask = padding if mask is None else mask + padding
+        keys, values = k.unsqueeze(1).to(queries.dtype), v.unsqueeze(1).to(queries.dtype)
+        if need_weights:
+            scores = queries @ keys.transpose(-1, -2)
+            if mask is not None:
+                scores = scores + mask
+            attention = torch.softmax(scores.float(), dim=-1).type_as(scores)
+            return self.dropout_module(attention) @ values, attention
+        dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
+        context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+        return context, None
+
     def forward(
         self,
         query: Tensor,
@@ -199,36 +255,15 @@ class MoAAttention(nn.Module):
             self.aux_loss = None
             return query.new_zeros(tgt_len, bsz, self.embed_dim), None
 
-        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
-        if saved_state is not None and static_kv and "prev_key" in saved_state:
-            key = None  # encoder keys/values were cached at the first step
-        k = v = None  # (batch, src_len, head_dim)
-        if self.self_attention:
-            k, v = self.k_proj(query).transpose(0, 1), self.v_proj(query).transpose(0, 1)
-        elif key is not None:
-            k, v = self.k_proj(key).transpose(0, 1), self.v_proj(key if value is None else value).transpose(0, 1)
-        if saved_state is not None:
-            if "prev_key" in saved_state:
-                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
-                k = prev_k if static_kv else torch.cat([prev_k, k], dim=1)
-                v = prev_v if static_kv else torch.cat([prev_v, v], dim=1)
-                prev_mask = saved_state.get("prev_key_padding_mask")
-                if static_kv:
-                    key_padding_mask = prev_mask
-                elif prev_mask is not None or key_padding_mask is not None:
-                    old = prev_mask if prev_mask is not None else query.new_zeros(bsz, k.size(1) - tgt_len).bool()
-                    new = key_padding_mask if key_padding_mask is not None else query.new_zeros(bsz, tgt_len).bool()
-                    key_padding_mask = torch.cat([old.bool(), new.bool()], dim=1)
-            saved_state.update(prev_key=k, prev_value=v, prev_key_padding_mask=key_padding_mask)
-            self._set_input_buffer(incremental_state, saved_state)
-        assert k is not None and v is not None
+        k, v, key_padding_mask = self._keys_values(query, key, value, key_padding_mask, incremental_state, static_kv)
         src_len = k.size(1)
 
         tokens = query.transpose(0, 1).reshape(bsz * tgt_len, self.embed_dim)  # batch-major (b, t) rows
         real = None
         if self.query_padding_mask is not None:
             real = ~self.query_padding_mask[:, -tgt_len:].reshape(-1)
-        weights, experts, probs, logits = self.route(tokens, real)
+        gates = self.gate() if self.gate is not None else None  # in training, one sample per expert and batch
+        weights, experts, probs, logits = self.route(tokens, real, gates)
         if incremental_state is None:
             self.aux_loss = self.auxiliary_loss(probs, logits, weights, experts, real)
         if self.record_routing:
@@ -239,6 +274,8 @@ class MoAAttention(nn.Module):
             weights = weights.new_zeros(probs.shape).scatter(1, experts, weights)
         else:
             plan = Dispatch.plan(experts, self.num_heads)
+        if gates is not None:  # an open gate scales its expert's contribution
+            weights = weights * (gates if plan is None else gates[experts]).to(weights.dtype)
         if self.record_outputs:
             self.head_outputs = weights.new_ones(bsz, self.num_heads, tgt_len, 1, requires_grad=True)
             scale = self.head_outputs.permute(0, 2, 1, 3).reshape(bsz * tgt_len, self.num_heads)
@@ -247,25 +284,7 @@ class MoAAttention(nn.Module):
         queries = self._queries(tokens, plan) * self.scaling
         # the slots of a token are rows of one single-head attention over the shared K/V: (b, t*slots, d)
         queries = queries.view(bsz, 1, tgt_len * slots, self.head_dim)
-        mask = None  # additive, broadcast to (batch, 1, tgt_len*slots, src_len)
-        if attn_mask is not None:
-            mask = attn_mask.to(queries.dtype).repeat_interleave(slots, dim=0)
-        if key_padding_mask is not None:
-            padding = torch.zeros(bsz, 1, 1, src_len, dtype=queries.dtype, device=queries.device)
-            padding = padding.masked_fill(key_padding_mask.view(bsz, 1, 1, src_len).bool(), float("-inf"))
-            mask = padding if mask is None else mask + padding
-        keys, values = k.unsqueeze(1).to(queries.dtype), v.unsqueeze(1).to(queries.dtype)
-        attention = None
-        if need_weights:
-            scores = queries @ keys.transpose(-1, -2)
-            if mask is not None:
-                scores = scores + mask
-            attention = torch.softmax(scores.float(), dim=-1).type_as(scores)
-            context = self.dropout_module(attention) @ values
-        else:
-            dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
-            context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p,
-                                                     scale=1.0)
+        context, attention = self._attend(queries, k, v, attn_mask, key_padding_mask, slots, need_weights)
         context = context.view(bsz * tgt_len, slots, self.head_dim)
         out = self._outputs(context, weights, plan).view(bsz, tgt_len, self.embed_dim).transpose(0, 1)
         if attention is not None:
@@ -285,6 +304,17 @@ class MoAAttention(nn.Module):
         self.head_mask = mask
 
     @torch.no_grad()
+    def fold_gate(self) -> Tensor:
+        """Remove the gate: each expert's W_o is scaled by its deterministic gate value, and experts whose gate
+        is 0 are masked out of the router, so the module computes exactly what the gated module computed at
+        test time. Returns the gate values folded in."""
+        values = self.gate.deterministic()
+        self.o_experts.mul_(values.view(-1, 1, 1).to(self.o_experts.dtype))
+        self.head_mask = (values > 0) if self.head_mask is None else self.head_mask & (values > 0)
+        self.gate = None
+        return values
+
+    @torch.no_grad()
     def prune_heads(self, keep_ids) -> None:
         """Physically keep only the experts whose original ids are in keep_ids: their router rows, W_q and W_o.
         Computes what masking the others computes."""
@@ -300,6 +330,7 @@ class MoAAttention(nn.Module):
         self.router.out_features = len(local)
         if self.head_mask is not None:
             self.head_mask = self.head_mask[index]
+        self.keep_gates(local)
         self.head_ids = [self.head_ids[i] for i in local]
 
     # ------------------------------------------------------------------------------------ incremental state

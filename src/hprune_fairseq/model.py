@@ -7,6 +7,9 @@ Voita et al.: enc-self, dec-self, dec-enc.
 A physically pruned model records the heads it kept in its config (`--kept-heads`, JSON in the head-mask
 layout: {type: [[original head ids] per layer]}); `build_model` removes the others before the weights are
 loaded, so stock `fairseq-generate --user-dir` reloads pruned checkpoints too.
+
+`hprune_moa` is the same model with mixtures of attention experts (moa.MoAAttention) in the attention types
+of `--moa-types`; its experts take the place of heads in masks, gates and physical pruning.
 """
 from __future__ import annotations
 
@@ -179,8 +182,6 @@ class HpruneTransformerModel(TransformerModel):
             raise ValueError(f"unknown attention type(s) {sorted(unknown)} for --head-gates; "
                              f"choose from {', '.join(ATTENTION_TYPES)}")
         for kind, _, module in self.attention_modules():
-            if kind in types and isinstance(module, MoAAttention):
-                raise ValueError(f"gates on MoA experts ({kind}) are not implemented yet; gate the other types")
             if kind in types:
                 module.add_gate(init)
         # the head-budget controller's state (criterion `hprune`, l0_budget): integers, so fp16/bf16 cannot

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..data.prepare import prepare
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
-from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, moa_types, present_heads
+from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, present_heads
 from ..reporting import plots
 from .evaluate import resolve_checkpoint, translate_and_score
 from .prune import Pruning, export
@@ -128,10 +128,6 @@ def run(cfg: DictConfig) -> dict:
     data_bin = prepare(cfg.data, cfg.paths.data_root)
     start = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
     pool = {head for head in present_heads(start.model) if head[0] in p.types}
-    experts = sorted(moa_types(start.model) & set(p.types))
-    if experts:
-        raise UserError(f"Voita gates on MoA experts ({', '.join(experts)}) are not implemented yet; gate the "
-                        "model's other attention types (prune.types=[...]) or prune experts with --method michel")
     check_budget(p, len(pool))
     criterion = backend.build_criterion(start)  # the checkpoint's own: gates are folded away before it is used
     unpruned = Pruning(cfg, start, criterion, data_bin, pool, p.optim.max_tokens).evaluate(None)
