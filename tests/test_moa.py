@@ -50,16 +50,17 @@ def test_dense_routing_with_uniform_router_equals_reference():
     module = moa(4, 4, self_attention=True)
     x = torch.randn(T, B, C)
     kpm = torch.zeros(B, T, dtype=torch.bool)
-    kpm[0, :2] = True  # a left-padded sentence: its first real token sees itself only
+    kpm[0, :2] = True  # a left-padded sentence
     out, weights = module(x, x, x, key_padding_mask=kpm, attn_mask=causal(T), need_weights=True)
     uniform = lambda token: torch.full((4,), 0.25)  # noqa: E731
     expected = reference(module, x, x, uniform, key_padding=kpm, attn_mask=causal(T))
-    torch.testing.assert_close(out[:, 1:], expected[:, 1:], atol=1e-5, rtol=0)  # sentence 0, rows 0-1 see no key
-    torch.testing.assert_close(out[:, 0, ][2:], expected[:, 0][2:], atol=1e-5, rtol=0)
-    torch.testing.assert_close(weights.sum(-1)[1:], torch.ones(B - 1, T))
+    seen = torch.ones(T, B, dtype=torch.bool)
+    seen[:2, 0] = False  # sentence 0's pad positions: causal and padding masks leave them no key
+    torch.testing.assert_close(out[seen], expected[seen], atol=1e-5, rtol=0)
+    torch.testing.assert_close(weights.sum(-1)[seen.T], torch.ones(int(seen.sum())))
     fast, none = module(x, x, x, key_padding_mask=kpm, attn_mask=causal(T), need_weights=False)  # SDPA
     assert none is None
-    torch.testing.assert_close(fast[2:], out[2:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast[seen], out[seen], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -178,10 +179,10 @@ def test_masked_experts_leave_the_router_and_equal_physical_removal(top_k):
     torch.testing.assert_close(pruned, masked, atol=1e-6, rtol=0)
 
 
-@pytest.fixture(params=["exact blocks", "bound from shapes"])
+@pytest.fixture(params=["jagged", "blocks"])
 def dispatch_mode(request, monkeypatch):
-    """Both ways of sizing the expert buffer: exact (the CPU) and the bound a CUDA device uses."""
-    monkeypatch.setattr(Dispatch, "exact_on_cpu", request.param == "exact blocks")
+    """Both layouts of the expert buffer: jagged groups (the CPU) and the padded blocks a device uses."""
+    monkeypatch.setattr(Dispatch, "jagged_on_cpu", request.param == "jagged")
     return request.param
 
 
@@ -227,12 +228,18 @@ def test_dispatch_puts_every_slot_in_a_block_of_its_expert(dispatch_mode):
     torch.manual_seed(3)
     experts = torch.rand(50, 6).topk(3).indices
     plan = Dispatch.plan(experts, 6)
-    block = plan.token_of_row.numel() // plan.blocks
     rows = plan.row_of_slot.view(50, 3)
-    assert torch.equal(plan.block_expert[rows // block], experts)  # each slot sits in its expert's block
+    if dispatch_mode == "blocks":
+        block = plan.token_of_row.numel() // plan.blocks
+        assert torch.equal(plan.block_expert[rows // block], experts)  # each slot sits in its expert's block
+        assert (plan.token_of_row == 50).sum() == plan.blocks * block - 150  # the rest point at the zero row
+    else:
+        ends = plan.offsets.long()
+        assert torch.equal(torch.searchsorted(ends, rows, right=True), experts)  # each slot in its expert's group
+        assert ends[-1] == 150 and plan.token_of_row.numel() == 150
     assert torch.equal(plan.token_of_row[rows], torch.arange(50).unsqueeze(1).expand(50, 3))
+    assert torch.equal(plan.slot_of_row[rows], torch.arange(150).view(50, 3))
     assert len(set(plan.row_of_slot.tolist())) == 150  # no two slots share a row
-    assert (plan.token_of_row == 50).sum() == plan.blocks * block - 150  # the rest point at the zero row
 
 
 def test_bad_settings_raise():
@@ -319,3 +326,18 @@ def test_recorded_expert_scale_gives_michel_importance(top_k):
         chosen = torch.zeros(B * T, 4, dtype=torch.bool).scatter(1, experts, True)
         unrouted = ~chosen.view(B, T, 4).permute(0, 2, 1)
         assert torch.count_nonzero(scale_grad.squeeze(-1)[unrouted]) == 0
+
+
+@pytest.mark.parametrize("experts, top_k", [(4, 4), (6, 2)])
+def test_counted_macs_match_the_closed_form(experts, top_k):
+    """What `hprune eval` reports as MACs: per token, k queries and k outputs (k·d·D each), the shared K and V
+    (d·D each), the router (d·E), and k·S·D each for the scores and the weighted values."""
+    from hprune.flops import count_flops
+
+    module = moa(experts, top_k, self_attention=True)
+    torch.nn.init.normal_(module.router.weight)
+    x = torch.randn(T, B, C)
+    macs = count_flops(module, x, x, x, need_weights=False) / 2
+    D = module.head_dim
+    per_token = 2 * top_k * C * D + 2 * C * D + C * experts + 2 * top_k * T * D
+    assert macs == T * B * per_token

@@ -11,8 +11,14 @@ def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwar
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# torch counts the CUDA attention kernels but not the CPU one SDPA dispatches to
-_EXTRA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa}
+def _grouped_mm(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """(rows, in) jagged over groups @ (groups, in, out): each row meets one group's matrix."""
+    return 2 * a_shape[0] * a_shape[1] * b_shape[-1]
+
+
+# torch counts neither the CPU kernel SDPA dispatches to nor grouped matmuls (MoA experts)
+_EXTRA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+          torch.ops.aten._grouped_mm: _grouped_mm}
 
 
 def count_flops(fn: Callable, *args, **kwargs) -> int:
