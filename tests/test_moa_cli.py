@@ -63,12 +63,12 @@ def test_voita_gates_on_experts_fold_into_the_same_translations_and_export(moa_r
     and the physically pruned export as the masked one."""
     out = tmp_path / "voita"
     hprune("prune", "--method", "voita", f"ckpt={moa_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
-           "prune.head_budget=12", "prune.optim.max_update=120", "prune.optim.lr=0.02", "prune.budget_warmup=60",
+           "prune.head_budget=12", "prune.optim.max_update=200", "prune.optim.lr=0.02", "prune.budget_warmup=100",
            "prune.optim.warmup_updates=0", "prune.optim.log_interval=20", "prune.export=true")
     metrics = json.loads((out / "metrics.json").read_text())
     gates = pd.read_csv(out / "gates.csv")
     assert len(gates) == 24 and metrics["heads_pool"] == 24
-    assert abs(metrics["kept_heads"] - 12) <= 2 and gates["kept"].sum() == metrics["kept_heads"]
+    assert abs(metrics["kept_heads"] - 12) <= 1 and gates["kept"].sum() == metrics["kept_heads"]
     assert metrics["bleu"] == metrics["bleu_gates"]
     assert metrics["export_same_translations"] and metrics["export_max_abs_diff"] < 1e-4
     assert metrics["n_params_pruned"] < metrics["n_params"]
