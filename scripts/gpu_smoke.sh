@@ -20,6 +20,7 @@ for precision in bf16 fp16; do
       prune.step_pct=25 prune.export=true hydra.run.dir="$run/prune" | tail -n 8
   # stock fairseq-train: the same command line with the stock architecture
   stock=$(sed -e "s#--user-dir [^ ]* ##" -e "s#--arch hprune_transformer#--arch transformer#" \
+              -e "s#--criterion hprune#--criterion label_smoothed_cross_entropy#" \
               -e "s#--save-dir [^ ]*#--save-dir $run/stock --no-save --disable-validation#" "$run/fairseq-train.sh")
   eval "$(dirname "$PY")/$stock" > "$run/stock.log" 2>&1
   "$PY" - "$run" <<'PY'

@@ -21,15 +21,14 @@ def main() -> None:
     cfg = config("train", ["device=cpu"] + sys.argv[1:])
     data = prepared_data(cfg)
     common = [str(data), "--task", "translation", "--source-lang", cfg.data.src_lang, "--target-lang",
-              cfg.data.tgt_lang, *_flags(cfg.model, skip=("arch",)), *_flags(cfg.optim, skip=("max_update",)),
+              cfg.data.tgt_lang, *_flags(cfg.model, skip=("arch",)), *_flags(cfg.optim, skip=("max_update", "criterion")),
               "--max-update", str(UPDATES), "--no-save", "--disable-validation", "--cpu", "--num-workers", "0",
               "--log-format", "simple", "--log-interval", str(INTERVAL), "--seed", "1"]
-    ours = ["--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch]
-    archs = {"stock transformer": ["--arch", "transformer"],
+    ours = ["--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch, "--criterion", "hprune"]
+    archs = {"stock transformer": ["--arch", "transformer", "--criterion", "label_smoothed_cross_entropy"],
              "hprune_transformer": ours,
-             # Voita et al.'s training: a Hard Concrete gate on every head and the L0 criterion
-             "hprune + head gates": [*ours, "--head-gates", "enc-self,dec-self,dec-enc", "--criterion", "hprune",
-                                     "--l0-lambda", "0.1"]}
+             # Voita et al.'s training: a Hard Concrete gate on every head and the L0 penalty
+             "hprune + head gates": [*ours, "--head-gates", "enc-self,dec-self,dec-enc", "--l0-lambda", "0.1"]}
     wps: dict[str, list[float]] = {name: [] for name in archs}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(ROUNDS):
