@@ -21,17 +21,20 @@ _EXTRA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
           torch.ops.aten._grouped_mm: _grouped_mm}
 
 
-def count_flops(fn: Callable, *args, **kwargs) -> int:
+def _counted(fn: Callable, *args, **kwargs) -> FlopCounterMode:
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA) as counter:
         fn(*args, **kwargs)
-    return counter.get_total_flops()
+    return counter
+
+
+def count_flops(fn: Callable, *args, **kwargs) -> int:
+    return _counted(fn, *args, **kwargs).get_total_flops()
 
 
 def macs_per_token(model, sample: dict) -> dict:
     """Forward multiply-accumulates of teacher-forced translation of one batch, per target token: the whole
     model, and its attention sublayers alone (MACs = FLOPs / 2, as counted above)."""
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA) as counter:
-        model(**sample["net_input"])
+    counter = _counted(model, **sample["net_input"])
     tokens = int(sample["ntokens"])
     by_module = counter.get_flop_counts()
     attention = sum(sum(ops.values()) for name, ops in by_module.items()

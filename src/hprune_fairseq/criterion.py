@@ -70,7 +70,7 @@ class HpruneCriterion(LabelSmoothedCrossEntropyCriterion):
         if aux is not None:
             loss = loss + aux * sample_size
             logging.update(loss=loss.data, moa_aux=aux.data)
-        if hasattr(model, "gates") and any(True for _ in model.gates()):
+        if hasattr(model, "gates") and next(model.gates(), None) is not None:
             loss = self.add_l0_penalty(model, loss, sample_size, logging)
         return loss, sample_size, logging
 

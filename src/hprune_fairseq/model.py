@@ -263,8 +263,6 @@ class HpruneMoAModel(HpruneTransformerModel):
         unknown = set(types) - set(ATTENTION_TYPES)
         if unknown or not types:
             raise ValueError(f"--moa-types {args.moa_types!r}: choose one or more of {', '.join(ATTENTION_TYPES)}")
-        if not 1 <= args.moa_top_k <= args.moa_experts:
-            raise ValueError(f"--moa-top-k {args.moa_top_k} must be between 1 and --moa-experts {args.moa_experts}")
         return super().build_model(args, task)
 
     def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:

@@ -8,11 +8,13 @@ from typing import Iterable
 import pandas as pd
 import torch
 
+from ..pruning.heads import moa_layers
+
 
 @torch.no_grad()
 def expert_load(model, batches: Iterable[dict]) -> pd.DataFrame:
     """Rows (type, layer, expert, share, entropy): entropy is the layer's mean router entropy."""
-    layers = list(model.moa_layers()) if hasattr(model, "moa_layers") else []
+    layers = moa_layers(model)
     if not layers:
         return pd.DataFrame(columns=["type", "layer", "expert", "share", "entropy"])
     model.eval()

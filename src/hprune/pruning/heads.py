@@ -28,7 +28,12 @@ def present_heads(model) -> List[Head]:
 
 def moa_types(model) -> Set[str]:
     """The attention types whose layers are MoA layers (their "heads" are experts)."""
-    return {kind for kind, _, module in model.attention_modules() if hasattr(module, "q_experts")}
+    return {kind for kind, _, _ in moa_layers(model)}
+
+
+def moa_layers(model) -> List[Tuple[str, int, object]]:
+    """(type, layer, module) of the model's MoA layers; none for a plain hprune_transformer."""
+    return list(model.moa_layers()) if hasattr(model, "moa_layers") else []
 
 
 def layout(model) -> Dict[str, List[int]]:

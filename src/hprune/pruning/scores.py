@@ -19,6 +19,8 @@ from typing import Dict, Iterable, Tuple
 import pandas as pd
 import torch
 
+from .heads import moa_layers, moa_types
+
 METHODS = ("michel", "confidence", "magnitude", "random")
 
 
@@ -74,7 +76,7 @@ def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFra
     decoder input starts with EOS, so dec-self's first position, which can only see it, is left out)."""
     model.eval()
     modules = list(model.attention_modules())
-    if any(hasattr(m, "q_experts") for _, _, m in modules):
+    if moa_types(model):
         raise ValueError("confidence needs per-head attention maps, which MoA experts do not have; "
                          "rank MoA experts with michel, magnitude or random")
     totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in modules}
@@ -106,9 +108,11 @@ def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFra
 @torch.no_grad()
 def magnitude(model) -> pd.DataFrame:
     values = {}
+    experts = {(kind, layer) for kind, layer, _ in moa_layers(model)}
     for kind, layer, m in model.attention_modules():
-        if hasattr(m, "q_experts"):  # a MoA expert: Σ|W_q^e| + Σ|W_o^e| (the shared K/V belong to no expert)
-            values[(kind, layer)] = (m.q_experts.abs().double().sum((1, 2)) + m.o_experts.abs().double().sum((1, 2))).cpu()
+        if (kind, layer) in experts:  # Σ|W_q^e| + Σ|W_o^e| (the shared K/V belong to no expert)
+            values[(kind, layer)] = (m.q_experts.abs().double().sum((1, 2))
+                                     + m.o_experts.abs().double().sum((1, 2))).cpu()
             continue
         per_head = torch.zeros(m.num_heads, dtype=torch.float64)
         for proj in (m.q_proj, m.k_proj, m.v_proj):
