@@ -115,14 +115,19 @@ def _frozen_heap():
 
 
 # --------------------------------------------------------------------------------------------- binarize
-def binarize(raw_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1) -> None:
-    """fairseq-preprocess with a joined dictionary (shared embeddings), train/valid/test splits."""
+def binarize(text_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1, joined: bool = True,
+             test_splits: Sequence[str] = ("test",)) -> None:
+    """fairseq-preprocess of `text_dir/{train,valid,test...}.{src,tgt}`; a joined dictionary (for shared
+    embeddings) unless joined=False. Several test sets become splits test, test1, test2 (fairseq's naming)."""
     from fairseq_cli import preprocess
 
-    argv = ["--source-lang", src, "--target-lang", tgt, "--joined-dictionary", "--destdir", str(dest_dir),
-            "--workers", str(workers), "--thresholdsrc", "0", "--thresholdtgt", "0"]
-    for split in ("train", "valid", "test"):
-        argv += [f"--{split}pref", str(raw_dir / split)]
+    argv = ["--source-lang", src, "--target-lang", tgt, "--destdir", str(dest_dir),
+            "--workers", str(workers), "--thresholdsrc", "0", "--thresholdtgt", "0",
+            "--trainpref", str(text_dir / "train"), "--validpref", str(text_dir / "valid")]
+    if joined:
+        argv.append("--joined-dictionary")
+    if test_splits:
+        argv += ["--testpref", ",".join(str(text_dir / split) for split in test_splits)]
     args = options.get_preprocessing_parser().parse_args(argv)
     handlers = list(preprocess.logger.handlers)
     try:

@@ -1,10 +1,13 @@
 """Prepared data sets live in a cache keyed by their parameters: `<data_root>/<name>-<hash>/{raw,bin}`.
 
-A data set is built once per parameter set, into a temporary folder renamed into place when complete, so a
-killed preparation never leaves a folder that looks ready.
+`bin/` is the fairseq data-bin; `raw/<split>.<lang>` the untokenized text, whose target side is what BLEU is
+computed against. A data set is built once per parameter set, into a temporary folder renamed into place when
+complete, so a killed preparation never leaves a folder that looks ready. Kinds: `toy` (the embedded synthetic
+task, data/toy.py) and `wmt` (downloaded corpora, data/wmt.py).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -16,6 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
+from . import wmt
 from .toy import SRC, TGT, ToyParams, write_corpus
 
 log = logging.getLogger(__name__)
@@ -32,11 +36,15 @@ def toy_params(data: DictConfig) -> ToyParams:
 
 
 def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
-    if data.kind != "toy":
-        raise UserError(f"data kind '{data.kind}' is not built yet; use data=toy")
-    key = json.dumps({"kind": data.kind, "params": asdict(toy_params(data)), "format": FORMAT_VERSION},
-                     sort_keys=True)
-    return Path(data_root).expanduser().absolute() / f"{data.name}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+    if data.kind == "toy":
+        key = json.dumps({"kind": data.kind, "params": asdict(toy_params(data)), "format": FORMAT_VERSION},
+                         sort_keys=True)
+        digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+    elif data.kind == "wmt":
+        digest = wmt.config_key(data)
+    else:
+        raise UserError(f"unknown data kind '{data.kind}'; use toy or wmt (see configs/data/)")
+    return Path(data_root).expanduser().absolute() / f"{data.name}-{digest}"
 
 
 def bin_dir(data: DictConfig, data_root: str | Path) -> Path:
@@ -49,8 +57,8 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
     root = dataset_dir(data, data_root)
     if (root / "READY").exists():
         return bin_dir(data, data_root)
-    from .. import backend  # fairseq is needed only to build
-
+    if data.kind == "wmt":
+        wmt.check(data)  # before anything is created or downloaded
     log.info("preparing %s data in %s", data.name, root)
     staging = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -59,8 +67,20 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
     except OSError as err:
         raise UserError(f"cannot create the data folder {root.parent} ({err.strerror}); "
                         "set paths.data_root=<a writable folder> or HPRUNE_DATA_ROOT") from None
-    write_corpus(toy_params(data), staging / "raw")
-    backend.binarize(staging / "raw", staging / "bin", SRC, TGT)
+    try:
+        if data.kind == "wmt":
+            wmt.build(data, Path(data_root).expanduser().absolute(), staging)
+        else:
+            from .. import backend  # fairseq is needed only to build
+
+            write_corpus(toy_params(data), staging / "raw")
+            backend.binarize(staging / "raw", staging / "bin", SRC, TGT)
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise UserError(f"the disk is full while writing {root.name} in {root.parent}; free space or set "
+                            "paths.data_root=<a larger disk> (nothing half-written was kept)") from None
+        raise
     (staging / "READY").write_text("ok\n")
     if root.exists():  # an incomplete folder from an older layout or a crash
         shutil.rmtree(root)
