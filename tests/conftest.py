@@ -5,10 +5,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+# sacreBLEU reads $SACREBLEU once, at import: point it at a private cache before anything imports it.
+os.environ["SACREBLEU"] = tempfile.mkdtemp(prefix="hprune-sacrebleu-")
 ROOT = Path(__file__).resolve().parents[1]
 HPRUNE = [sys.executable, "-m", "hprune_cli.main"]
 # A small corpus and a short schedule: the pipeline, not the translation quality, is under test here.

@@ -394,6 +394,8 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
         argv += ["--post-process", post_process]
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
+    if tokenizer == "moses":  # Moses takes its languages from the task's -s/-t, which must then be given
+        argv += ["--source-lang", loaded.task.cfg.source_lang, "--target-lang", loaded.task.cfg.target_lang]
     if loaded.device == "cpu":
         argv.append("--cpu")
     cfg = _generation_cfg(tuple(argv))

@@ -16,6 +16,7 @@ Members ending in .gz are decompressed (giga-fren ships gzipped files inside a t
 from __future__ import annotations
 
 import gzip
+import itertools
 import logging
 import shutil
 import tarfile
@@ -85,7 +86,8 @@ def _copy_member(archive: Path, member: str, out: Path) -> None:
 
 def _unpack(archive: Path, member: Optional[str], scratch: Path) -> Path:
     """The plain-text file that `member` of `archive` (or the archive itself, when member is None) holds."""
-    out = scratch / (member or archive.name).replace("/", "__")
+    name = (member or archive.name).replace("/", "__")
+    out = scratch / (name[:-3] if name.endswith(".gz") else name)
     try:
         if member is not None:
             _copy_member(archive, member, out)
@@ -120,16 +122,14 @@ def read_pairs(name: str, source: DictConfig, archive: Path, src: str, tgt: str,
 
 def _zip_lines(name: str, paths: list[Path], bad: BadLines) -> Iterator[tuple[str, str]]:
     with open(paths[0], "rb") as fs, open(paths[1], "rb") as ft:
-        line_no = 0
-        for line_no, (raw_s, raw_t) in enumerate(zip(fs, ft), start=1):
+        for line_no, (raw_s, raw_t) in enumerate(itertools.zip_longest(fs, ft), start=1):
+            if raw_s is None or raw_t is None:
+                raise UserError(f"corpus {name}: {paths[0].name} and {paths[1].name} differ in length (one ends "
+                                f"at line {line_no - 1}); the archive or the member paths are wrong")
             s = bad.decode(raw_s, f"{name}:{paths[0].name}", line_no)
             t = bad.decode(raw_t, f"{name}:{paths[1].name}", line_no)
             if s is not None and t is not None:
                 yield s, t
-        rest = [sum(1 for _ in f) for f in (fs, ft)]
-    if any(rest):
-        raise UserError(f"corpus {name}: {paths[0].name} and {paths[1].name} differ in length (one has "
-                        f"{max(rest)} lines more after line {line_no}); the archive or the member paths are wrong")
 
 
 def _tsv_pairs(name: str, path: Path, col_s: int, col_t: int, bad: BadLines) -> Iterator[tuple[str, str]]:

@@ -89,3 +89,9 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
     return bin_dir(data, data_root)
+
+
+def test_set_of(data_bin: Path, split: str) -> str | None:
+    """The sacreBLEU test set behind a split of a prepared WMT data set (e.g. test -> wmt14/full), else None."""
+    summary = Path(data_bin).parent / "data.json"
+    return json.loads(summary.read_text()).get("test_sets", {}).get(split) if summary.exists() else None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..data.prepare import prepare
+from ..data.prepare import prepare, test_set_of
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_atomic, write_json
 from ..pruning.heads import kept_columns, mask_without
@@ -79,7 +79,8 @@ def run(cfg: DictConfig) -> dict:
     result, quality = translate_and_score(cfg, loaded, data_bin)
     out = run_dir()
     metrics = {
-        "verb": "eval", "data": cfg.data.name, "split": cfg.split, **quality,
+        "verb": "eval", "data": cfg.data.name, "split": cfg.split, "test_set": test_set_of(data_bin, cfg.split),
+        **quality,
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen,
         **model_costs(loaded, cfg.split, out), **kept_columns(mask_without(loaded.model, ())),
         "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
