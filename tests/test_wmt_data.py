@@ -148,16 +148,16 @@ def test_prepare_end_to_end_then_cached_then_partly_rebuilt(tmp_path, sacrebleu_
         rebpe = hprune("data", "prepare", *SMALL[:1], "data.bpe_size=60", *SMALL[2:], *overrides, env_root,
                        f"hydra.run.dir={tmp_path / 'run3'}")
     log = rebpe.stdout + rebpe.stderr
-    for stage in ("extract", "testsets", "tokenize"):
+    for stage in ("extract", "testsets", "tokenize", "tokenize_test"):
         assert f"{stage}: cached" in log
-    for stage in ("learn_bpe", "apply_bpe", "clean"):
+    for stage in ("learn_bpe", "apply_bpe", "clean", "apply_bpe_test"):
         assert f"{stage}: built" in log
 
     bin_dir = Path(first.stdout.strip().splitlines()[-1].split(": ", 1)[1])
     root = bin_dir.parent
     summary = json.loads((root / "data.json").read_text())
     assert summary["test_sets"] == {"test": "wmt14/full"}
-    text_dir = Path(summary["text"])
+    text_dir = Path(summary["stages"]["train"])
     # pairs: europarl 700, commoncrawl 350, news commentary 175; every 100th to valid, then clean-corpus-n
     total = 700 + 350 + 175
     applied = text_dir.parent / json.loads((text_dir / "DONE").read_text())["inputs"]["apply_bpe"]
@@ -175,7 +175,7 @@ def test_prepare_end_to_end_then_cached_then_partly_rebuilt(tmp_path, sacrebleu_
     assert (bin_dir / "dict.en.txt").read_text() == (bin_dir / "dict.de.txt").read_text()  # joined dictionary
     # BLEU's references are the pristine test-set sentences, untokenized
     assert (root / "raw" / "test.de").read_text(encoding="utf-8").splitlines() == [t for _, t in TEST_PAIRS]
-    bpe_test = (text_dir / "test.en").read_text(encoding="utf-8").splitlines()
+    bpe_test = (Path(summary["stages"]["test"]) / "test.en").read_text(encoding="utf-8").splitlines()
     assert len(bpe_test) == len(TEST_PAIRS) and "@@ " in " ".join(bpe_test)  # test sets are never cleaned
     assert bpe_test[1].replace("@@ ", "").endswith(" .")  # tokenized before BPE
     assert list(root.parent.glob("*.tmp-*")) == [] and list((tmp_path / "stages").rglob("*.tmp-*")) == []

@@ -2,7 +2,7 @@
 
     fetch -> extract (+ subsample, valid = every 100th pair) -> tokenize (Moses) -> learn BPE -> apply BPE
           -> clean (length 1-250, ratio 1.5) -> binarize (fairseq-preprocess)
-    test sets from sacreBLEU -> tokenize -> apply BPE; their pristine references are kept for scoring.
+    test sets from sacreBLEU -> tokenize -> apply BPE (the codes learnt above); pristine references kept for BLEU.
 
 Each stage lives in `<data_root>/stages/<name>/<stage>-<key>/`, where the key hashes the stage's parameters and
 its inputs' keys: a stage whose inputs did not change is skipped, and changing, say, the BPE size reruns only
@@ -193,17 +193,17 @@ def _test_sets(data: DictConfig, out: Path) -> dict:
     return {"splits": names}
 
 
-def _splits(data: DictConfig) -> list[str]:
-    return ["train", "valid"] + ["test" if i == 0 else f"test{i}" for i in range(len(data.test_sets))]
+def _test_splits(data: DictConfig) -> list[str]:
+    return ["test" if i == 0 else f"test{i}" for i in range(len(data.test_sets))]
 
 
-def _map_splits(kind_of_lang: Callable[[str], tuple[str, str]], dirs: dict[str, Path], data: DictConfig,
-                out: Path, suffix: str = "") -> dict:
+def _map_files(kind_of_lang: Callable[[str], tuple[str, str]], splits: list[str], data: DictConfig,
+               src_dir: Path, out: Path) -> dict:
+    """Apply a line function (chosen per language) to `<split>.<lang>` of every split."""
     lines = {}
-    for split in _splits(data):
+    for split in splits:
         for lang in (data.src_lang, data.tgt_lang):
             kind, arg = kind_of_lang(lang)
-            src_dir = dirs["test"] if split.startswith("test") else dirs["train"]
             name = f"{split}.{lang}"
             lines[name] = map_file(kind, arg, src_dir / name, out / name, int(data.workers))
     return {"lines": lines}
@@ -218,9 +218,9 @@ def _learn_bpe(data: DictConfig, tok: Path, out: Path) -> dict:
     return {}
 
 
-def _clean(data: DictConfig, bpe: Path, extracted: Path, tests: Path, out: Path) -> dict:
+def _clean(data: DictConfig, bpe: Path, extracted: Path, out: Path) -> dict:
     """clean-corpus-n on train and valid (BPE tokens, as the recipes); the valid references follow their pairs.
-    Test sets are never filtered."""
+    (Test sets are never filtered.)"""
     src, tgt = data.src_lang, data.tgt_lang
     kept = {}
     for split in ("train", "valid"):
@@ -231,60 +231,68 @@ def _clean(data: DictConfig, bpe: Path, extracted: Path, tests: Path, out: Path)
         for col, name in enumerate((f"{split}.{src}", f"{split}.{tgt}", f"{split}.raw.{src}", f"{split}.raw.{tgt}")):
             _write_lines(out / name, (row[col] for row in rows))
         kept[split] = len(rows)
-    for split in _splits(data)[2:]:
-        for lang in (src, tgt):
-            shutil.copyfile(bpe / f"{split}.{lang}", out / f"{split}.{lang}")
-            shutil.copyfile(tests / f"{split}.{lang}", out / f"{split}.raw.{lang}")
     return {"kept": kept}
 
 
-def prepare_text(data: DictConfig, data_root: Path) -> tuple[Path, dict]:
-    """Every stage up to the cleaned BPE text; returns its folder and the test-set splits."""
+def prepare_text(data: DictConfig, data_root: Path) -> dict[str, Path]:
+    """Every stage up to BPE'd text. The training side and the test side are separate chains, so adding a test
+    set does not re-tokenize the training corpus. Returns the stage folders: train (clean), test (BPE'd test
+    sets), and raw_test (their untokenized sources and pristine references)."""
     check(data)
     stages = data_root / "stages" / data.name
     downloads = _fetch_all(data, data_root)
-    common = {"src": data.src_lang, "tgt": data.tgt_lang}
+    langs = {"src": data.src_lang, "tgt": data.tgt_lang}
+    tokenizer = lambda lang: (data.tokenizer or "normalize", lang)  # noqa: E731
     extracted = run_stage(stages, "extract", {
-        **common, "sources": _source_identity(data, downloads), "subsample": data.subsample,
+        **langs, "sources": _source_identity(data, downloads), "subsample": data.subsample,
         "subsample_seed": data.subsample_seed, "valid_every": data.valid_every, "on_bad_utf8": data.on_bad_utf8,
     }, lambda out: _extract(data, downloads, out))
-    tests = run_stage(stages, "testsets", {**common, "test_sets": list(data.test_sets)},
-                      lambda out: _test_sets(data, out))
-    dirs = {"train": extracted, "test": tests}
-    tokenize = run_stage(stages, "tokenize", {"extract": extracted.name, "testsets": tests.name,
-                                              "tokenizer": data.tokenizer},
-                         lambda out: _map_splits(lambda lang: (data.tokenizer or "normalize", lang), dirs, data, out))
-    learned = run_stage(stages, "learn_bpe", {"tokenize": tokenize.name, "bpe": data.bpe, "size": data.bpe_size},
-                        lambda out: _learn_bpe(data, tokenize, out))
+    tokenized = run_stage(stages, "tokenize", {"extract": extracted.name, "tokenizer": data.tokenizer},
+                          lambda out: _map_files(tokenizer, ["train", "valid"], data, extracted, out))
+    learned = run_stage(stages, "learn_bpe", {"tokenize": tokenized.name, "bpe": data.bpe, "size": data.bpe_size},
+                        lambda out: _learn_bpe(data, tokenized, out))
     model = str(learned / ("codes" if data.bpe == "subword_nmt" else "spm.model"))
-    applied = run_stage(stages, "apply_bpe", {"learn_bpe": learned.name, "tokenize": tokenize.name},
-                        lambda out: _map_splits(lambda lang: (data.bpe, model), {"train": tokenize, "test": tokenize},
-                                                data, out))
+    segment = lambda lang: (data.bpe, model)  # noqa: E731
+    applied = run_stage(stages, "apply_bpe", {"learn_bpe": learned.name, "tokenize": tokenized.name},
+                        lambda out: _map_files(segment, ["train", "valid"], data, tokenized, out))
     cleaned = run_stage(stages, "clean", {"apply_bpe": applied.name, "min_len": data.min_len,
                                           "max_len": data.max_len, "max_ratio": data.max_ratio},
-                        lambda out: _clean(data, applied, extracted, tests, out))
-    splits = json.loads((tests / "DONE").read_text())["splits"]
-    return cleaned, splits
+                        lambda out: _clean(data, applied, extracted, out))
+    tests = run_stage(stages, "testsets", {**langs, "test_sets": list(data.test_sets)},
+                      lambda out: _test_sets(data, out))
+    splits = _test_splits(data)
+    tests_tok = run_stage(stages, "tokenize_test", {"testsets": tests.name, "tokenizer": data.tokenizer},
+                          lambda out: _map_files(tokenizer, splits, data, tests, out))
+    tests_bpe = run_stage(stages, "apply_bpe_test", {"learn_bpe": learned.name, "tokenize_test": tests_tok.name},
+                          lambda out: _map_files(segment, splits, data, tests_tok, out))
+    return {"train": cleaned, "test": tests_bpe, "raw_test": tests}
 
 
 def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     """Fill a data set folder: bin/ (fairseq data-bin) and raw/ (untokenized text; the references BLEU uses)."""
     from .. import backend  # fairseq is needed only to binarize
 
-    cleaned, splits = prepare_text(data, data_root)
-    test_splits = _splits(data)[2:]
-    backend.binarize(cleaned, staging / "bin", data.src_lang, data.tgt_lang, workers=int(data.workers),
-                     joined=bool(data.joined_dictionary), test_splits=test_splits)
-    raw = staging / "raw"
+    stages = prepare_text(data, data_root)
+    text, raw = staging / "text", staging / "raw"
+    text.mkdir()
     raw.mkdir()
-    for split in _splits(data)[1:]:
-        for lang in (data.src_lang, data.tgt_lang):
-            shutil.copyfile(cleaned / f"{split}.raw.{lang}", raw / f"{split}.{lang}")
-    summary = {"name": data.name, "pair": f"{data.src_lang}-{data.tgt_lang}", "text": str(cleaned),
-               "splits": {"train": _count(cleaned / f"train.{data.src_lang}"),
-                          "valid": _count(cleaned / f"valid.{data.src_lang}"),
-                          **{k: v["sentences"] for k, v in splits.items()}},
-               "test_sets": {k: v["test_set"] for k, v in splits.items()}}
+    src, tgt = data.src_lang, data.tgt_lang
+    for lang in (src, tgt):  # the binarizer wants every split under one prefix folder: link, don't copy
+        for split in ("train", "valid"):
+            os.symlink(stages["train"] / f"{split}.{lang}", text / f"{split}.{lang}")
+        shutil.copyfile(stages["train"] / f"valid.raw.{lang}", raw / f"valid.{lang}")
+        for split in _test_splits(data):
+            os.symlink(stages["test"] / f"{split}.{lang}", text / f"{split}.{lang}")
+            shutil.copyfile(stages["raw_test"] / f"{split}.{lang}", raw / f"{split}.{lang}")
+    backend.binarize(text, staging / "bin", src, tgt, workers=int(data.workers),
+                     joined=bool(data.joined_dictionary), test_splits=_test_splits(data))
+    shutil.rmtree(text)
+    test_info = json.loads((stages["raw_test"] / "DONE").read_text())["splits"]
+    summary = {"name": data.name, "pair": f"{src}-{tgt}", "stages": {k: str(v) for k, v in stages.items()},
+               "splits": {"train": _count(stages["train"] / f"train.{src}"),
+                          "valid": _count(stages["train"] / f"valid.{src}"),
+                          **{k: v["sentences"] for k, v in test_info.items()}},
+               "test_sets": {k: v["test_set"] for k, v in test_info.items()}}
     write_json(staging / "data.json", summary)
     return summary
 
