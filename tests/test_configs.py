@@ -7,8 +7,9 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 CONFIG_DIR = Path(hprune_configs.__file__).parent
-GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation"], "data": ["data"],
-          "prune": ["prune", "data", "generation"], "analyze": ["data"]}
+GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation", "experiment"],
+          "data": ["data", "experiment"], "prune": ["prune", "data", "generation", "experiment"],
+          "analyze": ["data", "experiment"]}
 
 
 def options(group):

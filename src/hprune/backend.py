@@ -151,7 +151,8 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
         argv += ["--kept-heads", json.dumps(kept_ids(mask), separators=(",", ":"))]
     argv += ["--save-dir", str(save_dir), "--seed", str(cfg.seed), "--num-workers", "0",
              "--log-format", "simple", "--log-interval", str(cfg.log_interval),
-             "--no-epoch-checkpoints", "--save-interval-updates", str(cfg.save_interval_updates),
+             *(["--keep-last-epochs", str(cfg.average_last)] if cfg.get("average_last") else ["--no-epoch-checkpoints"]),
+             "--save-interval-updates", str(cfg.save_interval_updates),
              "--keep-interval-updates", "1", "--keep-best-checkpoints", "0",
              # batches rebuilt each epoch from seed+epoch, as a resumed run rebuilds them: resuming is exact
              "--update-epoch-batch-itr", "True"]
@@ -542,6 +543,37 @@ def finetune(loaded: Loaded, criterion, updates: int, lr: float, max_tokens: int
 
 
 # --------------------------------------------------------------------------------------------- physical pruning
+AVERAGED = "checkpoint_averaged.pt"
+
+
+def average_checkpoints(save_dir: Path, last: int) -> Path:
+    """Average the parameters of the last `last` epoch checkpoints (checkpoint<epoch>.pt) into
+    checkpoint_averaged.pt, as fairseq's scripts/average_checkpoints.py --num-epoch-checkpoints does.
+    Fewer epochs than asked for are averaged as they are (and said so)."""
+    epochs = sorted((int(p.stem[len("checkpoint"):]), p) for p in save_dir.glob("checkpoint[0-9]*.pt")
+                    if p.stem[len("checkpoint"):].isdigit())
+    chosen = [p for _, p in epochs[-last:]]
+    if not chosen:
+        raise UserError(f"no epoch checkpoints in {save_dir} to average; train for at least one epoch")
+    if len(chosen) < last:
+        log.warning("averaging %d epoch checkpoints, not %d: training ran %d epochs", len(chosen), last, len(chosen))
+    total: Dict[str, torch.Tensor] = {}
+    for path in chosen:
+        for name, tensor in load_checkpoint(path)["model"].items():
+            value = tensor.double() if tensor.is_floating_point() else tensor
+            total[name] = total[name] + value if name in total and tensor.is_floating_point() else value
+    state = load_checkpoint(chosen[-1])
+    state["model"] = {name: (value / len(chosen)).to(state["model"][name].dtype) if value.is_floating_point()
+                      else value for name, value in total.items()}
+    state["last_optimizer_state"] = None
+    state.setdefault("extra_state", {})["averaged_checkpoints"] = [p.name for p in chosen]
+    dest = save_dir / AVERAGED
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
 def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
     """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), in fp32.
 

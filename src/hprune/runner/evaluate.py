@@ -15,10 +15,14 @@ EVAL_MAX_TOKENS = 4096  # teacher-forced batches for the MAC count and the exper
 
 
 def resolve_checkpoint(ckpt: str) -> Path:
+    """A .pt file as given; for a train run dir (or its checkpoints/), the averaged checkpoint when the run made one
+    (train.average_last), else checkpoint_best.pt."""
     path = Path(ckpt).expanduser()
-    if path.is_dir():
-        path = path / "checkpoints" / "checkpoint_best.pt" if (path / "checkpoints").is_dir() else path / "checkpoint_best.pt"
-    return path
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    return next((folder / name for name in ("checkpoint_averaged.pt", "checkpoint_best.pt")
+                 if (folder / name).exists()), folder / "checkpoint_best.pt")
 
 
 def read_references(raw_file: Path, n: int) -> list[str]:

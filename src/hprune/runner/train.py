@@ -31,10 +31,11 @@ def run(cfg: DictConfig) -> dict:
     started = time.perf_counter()
     backend.train(argv, script=out / "fairseq-train.sh")
     summary = backend.checkpoint_summary(save_dir / "checkpoint_last.pt")
+    averaged = backend.average_checkpoints(save_dir, int(cfg.average_last)) if cfg.average_last else None
     metrics = {
         "verb": "train", "data": cfg.data.name, "arch": cfg.model.arch, **summary, **backend.train_speed(),
         "device": backend.resolve_device(cfg.device), "precision": cfg.precision, "seed": cfg.seed,
-        "git_sha": git_sha(), "checkpoint": str(save_dir / "checkpoint_best.pt"),
+        "git_sha": git_sha(), "checkpoint": str(averaged or save_dir / "checkpoint_best.pt"),
         "seconds": round(time.perf_counter() - started, 1),
         "heads": heads_per_layer(cfg), "head_mask": cfg.head_mask,
     }

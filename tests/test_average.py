@@ -1,0 +1,35 @@
+"""Checkpoint averaging (train.average_last): the mean of the last N epoch checkpoints' parameters."""
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+from hprune import backend  # noqa: E402
+from hprune.errors import UserError  # noqa: E402
+from hprune.runner.evaluate import resolve_checkpoint  # noqa: E402
+
+
+def save(path, weight, steps):
+    torch.save({"model": {"w": weight, "steps": torch.tensor(steps)}, "cfg": None, "extra_state": {},
+                "last_optimizer_state": {"state": 1}}, path)
+
+
+def test_last_epochs_averaged_in_epoch_order_and_used_by_run_dirs(tmp_path):
+    save_dir = tmp_path / "run" / "checkpoints"
+    save_dir.mkdir(parents=True)
+    weights = {1: torch.randn(3, 4), 2: torch.randn(3, 4), 10: torch.randn(3, 4)}
+    for epoch, w in weights.items():
+        save(save_dir / f"checkpoint{epoch}.pt", w, epoch)
+    save(save_dir / "checkpoint_best.pt", torch.zeros(3, 4), 0)
+    assert resolve_checkpoint(str(tmp_path / "run")).name == "checkpoint_best.pt"
+    dest = backend.average_checkpoints(save_dir, 2)  # epochs 2 and 10 (not 1 and 10, as a text sort would give)
+    state = torch.load(dest, weights_only=True)
+    torch.testing.assert_close(state["model"]["w"], torch.stack([weights[2], weights[10]]).mean(0))
+    assert state["model"]["steps"].item() == 10  # integers are not averaged: the last checkpoint's
+    assert state["last_optimizer_state"] is None
+    assert state["extra_state"]["averaged_checkpoints"] == ["checkpoint2.pt", "checkpoint10.pt"]
+    assert resolve_checkpoint(str(tmp_path / "run")) == dest
+
+
+def test_nothing_to_average_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="no epoch checkpoints"):
+        backend.average_checkpoints(tmp_path, 10)

@@ -1,0 +1,43 @@
+"""The reproduction scripts chain hprune commands that Hydra accepts, locally and on SLURM (checked on their
+printed plan: `HPRUNE="echo hprune"`), and each step reads the previous step's output dir."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+from conftest import ROOT
+
+from hprune_cli.checks import check_overrides
+from hprune_cli.main import POSITIONAL, SUGAR, _desugar
+
+SCRIPTS = sorted((ROOT / "scripts").glob("reproduce_*20*.sh"))
+
+
+def plan(script, launcher: str) -> list[list[str]]:
+    env = {**os.environ, "HPRUNE": "echo hprune", "LAUNCHER": launcher,
+           "SLURM_ARGS": "hydra.launcher.partition=gpu hydra.launcher.timeout_min=2880"}
+    out = subprocess.run(["bash", str(script), "/tmp/out"], env=env, capture_output=True, text=True, check=True)
+    return [shlex.split(line)[1:] for line in out.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_every_step_composes(script, launcher):
+    steps = plan(script, launcher)
+    assert steps[0][:2] == ["data", "prepare"] and steps[1][0] == "train"
+    outputs = set()
+    for args in steps:
+        verb, rest = args[0], args[1:]
+        if verb in POSITIONAL:
+            rest = [f"{POSITIONAL[verb][0]}={rest[0]}", *rest[1:]]
+        problem = check_overrides(verb, _desugar(verb, rest) if verb in SUGAR else rest)
+        assert problem is None, (args, problem)
+        ckpts = [a.split("=", 1)[1] for a in rest if a.startswith("ckpt=")]
+        for ckpt in ckpts:  # reads a run written by an earlier step
+            assert all(any(c == o or c.startswith(o + "/") for o in outputs) for c in ckpt.split(","))
+        outputs |= {a.split("=", 1)[1] for a in rest if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))}
+        assert ("-m" in rest) == (launcher == "slurm" or "hydra.sweep.dir" in " ".join(rest))
+        if launcher == "slurm":
+            assert "hydra/launcher=slurm" in rest and "hydra.launcher.partition=gpu" in rest
