@@ -196,3 +196,21 @@ def test_bad_input_gets_one_line(tmp_path, sacrebleu_seeded):
     proc = hprune("data", "prepare", *SMALL, "data.test_sets=[wmt14/full,wmt99]", f"paths.data_root={tmp_path}",
                   check=False)
     assert proc.returncode == 2 and "unknown sacreBLEU test set 'wmt99'" in proc.stderr
+
+
+def test_train_and_eval_on_wmt_data_score_detokenized_output_against_pristine_references(tmp_path,
+                                                                                          sacrebleu_seeded):
+    from sacrebleu.metrics import BLEU
+
+    with FixtureServer(ARCHIVES) as server:
+        data = [*SMALL, *source_overrides(server.url, ARCHIVES)]
+        hprune("train", *data, "optim.max_update=60", "optim.max_tokens=2048", "device=cpu",
+               f"hydra.run.dir={tmp_path / 'train'}")
+    # the data set is cached now: evaluation needs no server
+    hprune("eval", *data, f"ckpt={tmp_path / 'train'}", "device=cpu", f"hydra.run.dir={tmp_path / 'eval'}")
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["test_set"] == "wmt14/full" and metrics["sentences"] == len(TEST_PAIRS)
+    hypotheses = (tmp_path / "eval" / "hypotheses.test.txt").read_text(encoding="utf-8").splitlines()
+    assert not any(mark in h for h in hypotheses for mark in ("@@", "&apos;", "&quot;", " ."))  # BPE and Moses undone
+    expected = BLEU().corpus_score(hypotheses, [[t for _, t in TEST_PAIRS]]).score
+    assert metrics["bleu"] == pytest.approx(expected, abs=1e-3)
