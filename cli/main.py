@@ -14,7 +14,7 @@ import sys
 VERBS = {
     "train": ("hprune.runner.train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
     "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
-    "data": ("hprune.runner.data", "`hprune data prepare data=toy`: build the binarized data set into the cache"),
+    "data": ("hprune.runner.data", "`hprune data prepare data=toy|wmt14_en_de|...`: download, prepare, binarize (cached)"),
     "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
 }
@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
             fail(verb, f"unknown action '{rest[0]}'; choose one of: {', '.join(choices)}")
         rest = [f"{key}={rest[0]}", *rest[1:]]
     rest = _desugar(verb, rest)
+    if any(f in rest for f in ("-m", "--multirun")) and any(f in rest for f in ("--cfg", "-c")):
+        fail(verb, "--cfg prints the config of one run and -m starts a sweep; drop -m and give one value per "
+                   "key to see a job's config")
     if not any(flag in rest for flag in ("--help", "-h", "--hydra-help")):
         from hprune_cli.checks import check_overrides
 

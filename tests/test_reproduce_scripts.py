@@ -7,10 +7,10 @@ import shlex
 import subprocess
 
 import pytest
-from conftest import ROOT
-
 from hprune_cli.checks import check_overrides
 from hprune_cli.main import POSITIONAL, SUGAR, _desugar
+
+from conftest import ROOT
 
 SCRIPTS = sorted((ROOT / "scripts").glob("reproduce_*20*.sh"))
 

@@ -3,7 +3,6 @@ pre-seeded sacreBLEU cache, sacremoses, subword-nmt and fairseq-preprocess."""
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import os
 import socket
@@ -12,12 +11,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from conftest import hprune
 from hprune.data import download, text, wmt
 from hprune.data.corpora import BadLines, read_pairs
 from hprune.errors import UserError
-from conftest import hprune
-from wmt_fixtures import (TEST_PAIRS, FixtureServer, gz, seed_sacrebleu, sha256, source_overrides, tgz,
-                                wmt14_en_de_archives)
+from wmt_fixtures import TEST_PAIRS, FixtureServer, gz, seed_sacrebleu, sha256, source_overrides, tgz, wmt14_en_de_archives
 
 ARCHIVES = wmt14_en_de_archives()
 SMALL = ["data=wmt14_en_de", "data.bpe_size=100", "data.workers=2", "data.download_retries=1"]
@@ -214,3 +212,17 @@ def test_train_and_eval_on_wmt_data_score_detokenized_output_against_pristine_re
     assert not any(mark in h for h in hypotheses for mark in ("@@", "&apos;", "&quot;", " ."))  # BPE and Moses undone
     expected = BLEU().corpus_score(hypotheses, [[t for _, t in TEST_PAIRS]]).score
     assert metrics["bleu"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_sentencepiece_option_learns_and_segments_losslessly(tmp_path):
+    from wmt_fixtures import corpus
+
+    lines = [s for pair in corpus(400, seed=5) for s in pair]
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    text.learn_sentencepiece([train], tmp_path / "spm", 120)
+    assert text.map_file("sentencepiece", str(tmp_path / "spm.model"), train, tmp_path / "out.txt") == len(lines)
+    pieces = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    assert all(" " in p for p in pieces[:10])  # sentences are split into pieces
+    # fairseq's --post-process sentencepiece: join the pieces, "▁" back to spaces
+    assert [p.replace(" ", "").replace("\u2581", " ").strip() for p in pieces] == lines
