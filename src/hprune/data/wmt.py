@@ -107,10 +107,6 @@ def _write_lines(path: Path, lines) -> None:
         f.writelines(line + "\n" for line in lines)
 
 
-def _read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
-
-
 def _source_identity(data: DictConfig, downloads: dict[str, Path]) -> dict:
     out = {}
     for name, source in data.sources.items():
@@ -184,8 +180,7 @@ def _split_valid(all_s: Path, all_t: Path, out: Path, src: str, tgt: str, every:
 
 def _test_sets(data: DictConfig, out: Path) -> dict:
     names = {}
-    for i, name in enumerate(data.test_sets):
-        split = "test" if i == 0 else f"test{i}"  # fairseq-preprocess --testpref a,b,c -> test, test1, test2
+    for split, name in zip(_test_splits(data), data.test_sets):
         sources, references = testsets.load(name, data.src_lang, data.tgt_lang)
         _write_lines(out / f"{split}.{data.src_lang}", sources)
         _write_lines(out / f"{split}.{data.tgt_lang}", references)
@@ -194,6 +189,7 @@ def _test_sets(data: DictConfig, out: Path) -> dict:
 
 
 def _test_splits(data: DictConfig) -> list[str]:
+    """fairseq-preprocess --testpref a,b,c names the splits test, test1, test2."""
     return ["test" if i == 0 else f"test{i}" for i in range(len(data.test_sets))]
 
 
@@ -220,17 +216,24 @@ def _learn_bpe(data: DictConfig, tok: Path, out: Path) -> dict:
 
 def _clean(data: DictConfig, bpe: Path, extracted: Path, out: Path) -> dict:
     """clean-corpus-n on train and valid (BPE tokens, as the recipes); the valid references follow their pairs.
-    (Test sets are never filtered.)"""
+    (Test sets are never filtered.) Streamed: the corpora can be far larger than memory."""
     src, tgt = data.src_lang, data.tgt_lang
     kept = {}
     for split in ("train", "valid"):
-        pairs = zip(_read_lines(bpe / f"{split}.{src}"), _read_lines(bpe / f"{split}.{tgt}"),
-                    _read_lines(extracted / f"{split}.{src}"), _read_lines(extracted / f"{split}.{tgt}"))
-        rows = [row for row in pairs if keep_pair(row[0], row[1], int(data.min_len), int(data.max_len),
-                                                 float(data.max_ratio))]
-        for col, name in enumerate((f"{split}.{src}", f"{split}.{tgt}", f"{split}.raw.{src}", f"{split}.raw.{tgt}")):
-            _write_lines(out / name, (row[col] for row in rows))
-        kept[split] = len(rows)
+        names = (f"{split}.{src}", f"{split}.{tgt}", f"{split}.raw.{src}", f"{split}.raw.{tgt}")
+        inputs = [bpe / names[0], bpe / names[1], extracted / f"{split}.{src}", extracted / f"{split}.{tgt}"]
+        ins = [open(path, encoding="utf-8") for path in inputs]
+        outs = [open(out / name, "w", encoding="utf-8") for name in names]
+        try:
+            kept[split] = 0
+            for row in zip(*ins):
+                if keep_pair(row[0], row[1], int(data.min_len), int(data.max_len), float(data.max_ratio)):
+                    for f, line in zip(outs, row):
+                        f.write(line)
+                    kept[split] += 1
+        finally:
+            for f in ins + outs:
+                f.close()
     return {"kept": kept}
 
 
