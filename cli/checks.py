@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-_FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
+FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
                      "--package", "-p", "--info", "-i"}
 
 
@@ -12,7 +12,7 @@ def _overrides(args: list[str]) -> list[str]:
     for arg in args:
         if skip:
             skip = False
-        elif arg in _FLAGS_WITH_VALUE:
+        elif arg in FLAGS_WITH_VALUE:
             skip = True
         elif not arg.startswith("-"):
             out.append(arg)

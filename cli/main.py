@@ -17,9 +17,7 @@ VERBS = {
     "data": ("hprune.runner.data", "`hprune data prepare data=toy|wmt14_en_de|...`: download, prepare, binarize (cached)"),
     "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
-}
-NOT_BUILT = {
-    "report": "result tables and plots over runs",
+    "report": ("hprune.runner.report", "`hprune report DIR ...`: method comparison, λ and MoA tables, plots over runs"),
 }
 POSITIONAL = {"data": ("action", ("prepare",))}  # `hprune data prepare` -> action=prepare
 SUGAR = {"prune": {"--method": "prune"}}  # `hprune prune --method voita` -> prune=voita
@@ -30,12 +28,12 @@ USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
 def _help() -> str:
     lines = [USAGE, "", "verbs:"]
     lines += [f"  {verb:<8} {desc}" for verb, (_, desc) in VERBS.items()]
-    lines += [f"  {verb:<8} (not built yet) {desc}" for verb, desc in NOT_BUILT.items()]
     lines += ["", "`hprune <verb> --help` lists that verb's config groups and options.",
               "Examples:  hprune train model=transformer_tiny optim.max_update=500",
               "           hprune eval ckpt=outputs/train/<run>",
               "           hprune prune --method michel ckpt=outputs/train/<run>",
-              "           hprune train -m seed=1,2,3"]
+              "           hprune train -m seed=1,2,3",
+              "           hprune report outputs/"]
     return "\n".join(lines)
 
 
@@ -80,6 +78,24 @@ def _desugar(verb: str, args: list[str]) -> list[str]:
     return out + overrides
 
 
+def _report_folders(args: list[str]) -> list[str]:
+    """`hprune report DIR [DIR ...] [overrides]` -> `runs=['DIR',...] [overrides]` (quoted for Hydra)."""
+    from hprune_cli.checks import FLAGS_WITH_VALUE
+
+    folders, others, i = [], [], 0
+    while i < len(args):
+        if args[i] in FLAGS_WITH_VALUE and i + 1 < len(args):
+            others += args[i:i + 2]
+            i += 2
+            continue
+        (others if args[i].startswith("-") or "=" in args[i] else folders).append(args[i])
+        i += 1
+    if not folders:
+        return others
+    quoted = ",".join("'" + f.replace("\\", "\\\\").replace("'", "\\'") + "'" for f in folders)
+    return [f"runs=[{quoted}]", *others]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -89,8 +105,6 @@ def main(argv: list[str] | None = None) -> None:
         _complete(argv)
         return
     verb, rest = argv[0], argv[1:]
-    if verb in NOT_BUILT:
-        fail("", f"`{verb}` ({NOT_BUILT[verb]}) is not built yet; see the README's roadmap")
     if verb not in VERBS:
         fail("", f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)} (see `hprune --help`)")
     if verb in POSITIONAL and rest and not rest[0].startswith("-") and "=" not in rest[0]:
@@ -98,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         if rest[0] not in choices:
             fail(verb, f"unknown action '{rest[0]}'; choose one of: {', '.join(choices)}")
         rest = [f"{key}={rest[0]}", *rest[1:]]
+    if verb == "report":
+        rest = _report_folders(rest)
     rest = _desugar(verb, rest)
     if any(f in rest for f in ("-m", "--multirun")) and any(f in rest for f in ("--cfg", "-c")):
         fail(verb, "--cfg prints the config of one run and -m starts a sweep; drop -m and give one value per "

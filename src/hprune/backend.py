@@ -43,6 +43,26 @@ HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big", "hprune_moa", "h
 MOA_ARCHS = ("hprune_moa", "hprune_moa_big")
 
 
+def _config_store_snapshot() -> dict:
+    from hydra.core.config_store import ConfigStore
+
+    return copy.deepcopy(ConfigStore.instance().repo)
+
+
+# fairseq registers its config groups (lr_scheduler/fixed, ...) in Hydra's ConfigStore once, when imported. A
+# joblib worker runs several sweep jobs, and before each Hydra puts back the launching process's ConfigStore,
+# which never saw fairseq: the entries are merged back from this snapshot before fairseq composes a config.
+_FAIRSEQ_CONFIG_STORE = _config_store_snapshot()
+
+
+def _merge_missing(repo: dict, saved: dict) -> None:
+    for key, value in saved.items():
+        if key not in repo:
+            repo[key] = copy.deepcopy(value)
+        elif isinstance(value, dict) and isinstance(repo[key], dict):
+            _merge_missing(repo[key], value)
+
+
 def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -88,6 +108,9 @@ def _to_omegaconf(args) -> DictConfig:
     from hydra.version import VersionBase
     from packaging.version import Version
 
+    from hydra.core.config_store import ConfigStore
+
+    _merge_missing(ConfigStore.instance().repo, _FAIRSEQ_CONFIG_STORE)
     versions = VersionBase.instance()
     base, saved = versions.getbase(), Singleton._instances.get(GlobalHydra)
     versions.setbase(Version("1.1"))
@@ -364,10 +387,12 @@ def generation_argv(gen: DictConfig, split: str, seed: int) -> List[str]:
 
     `--required-batch-size-multiple 1`: with fairseq-fixed 0.12.3.1's compiled batch_by_size, a final batch
     that is not a multiple of it is silently dropped (100 test sentences -> 96 translated at the default 8).
+    `--num-workers 0`: batches are read in this process (from memory-mapped data, so nothing is lost), which
+    also lets a sweep job run inside a joblib worker, where a data-loader process cannot start.
     """
     argv = ["--gen-subset", split, "--beam", str(gen.beam), "--lenpen", str(gen.lenpen),
             "--max-len-a", str(gen.max_len_a), "--max-len-b", str(gen.max_len_b), "--min-len", str(gen.min_len),
-            "--seed", str(seed), "--required-batch-size-multiple", "1"]
+            "--seed", str(seed), "--required-batch-size-multiple", "1", "--num-workers", "0"]
     if gen.batch_size:
         argv += ["--batch-size", str(gen.batch_size)]
     if gen.max_tokens:

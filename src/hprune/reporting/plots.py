@@ -19,13 +19,16 @@ def _figure():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
-    """savefig to a temporary name, then rename: no half-written image. Closes the figure."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _save(fig, path: Path | list[Path]) -> Path:
+    """savefig (to each path: e.g. a .png and a .pdf) under a temporary name, then rename: no half-written
+    image. Closes the figure; returns the first path."""
+    paths = [path] if isinstance(path, Path) else list(path)
     try:
-        fig.savefig(tmp, format=path.suffix.lstrip("."), dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-        return path
+        for target in paths:
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            fig.savefig(tmp, format=target.suffix.lstrip("."), dpi=120, bbox_inches="tight")
+            os.replace(tmp, target)
+        return paths[0]
     finally:
         _figure().close(fig)
 
@@ -37,11 +40,13 @@ def _lines(ax, xlabel: str, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path, title: str = "") -> Path:
-    """BLEU vs % of heads pruned, one line per pruning order, the unpruned model as a dashed line."""
+def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path | list[Path], title: str = "",
+               by: str = "order") -> Path:
+    """BLEU vs % of heads pruned, one line per pruning order (`by`), the unpruned model as a dashed line."""
     plt = _figure()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for order, rows in curve.groupby("order", sort=False):
+    for order, rows in curve.groupby(by, sort=False):
+        rows = rows.sort_values("pct_pruned")
         ax.plot(rows["pct_pruned"], rows["bleu"], marker="o", label=order)
     ax.axhline(baseline_bleu, color="grey", linestyle="--", linewidth=1, label="unpruned")
     ax.set_ylabel("BLEU")
@@ -49,7 +54,7 @@ def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path, title: str
     return _save(fig, path)
 
 
-def head_heatmaps(table: pd.DataFrame, value: str, path: Path, title: str = "") -> Path:
+def head_heatmaps(table: pd.DataFrame, value: str, path: Path | list[Path], title: str = "") -> Path:
     """One layer x head heatmap per attention type; heads missing from the table (removed) are blank."""
     plt = _figure()
     kinds = [k for k in ATTENTION_TYPES if k in set(table["type"])]
@@ -71,10 +76,29 @@ def head_heatmaps(table: pd.DataFrame, value: str, path: Path, title: str = "") 
     return _save(fig, path)
 
 
-def line(table: pd.DataFrame, x: str, ys: list, path: Path, title: str = "") -> Path:
+def line(table: pd.DataFrame, x: str, ys: list, path: Path | list[Path], title: str = "") -> Path:
     plt = _figure()
     fig, ax = plt.subplots(figsize=(6, 4))
     for y in ys:
         ax.plot(table[x], table[y], label=y)
     _lines(ax, x, title)
+    return _save(fig, path)
+
+
+def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: str = "") -> Path:
+    """BLEU against `x` (e.g. λ; a log axis when all values are positive), heads kept on a second axis."""
+    plt = _figure()
+    table = table.sort_values(x)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(table[x], table["bleu"], marker="o", color="tab:blue", label="BLEU")
+    ax.set_ylabel("BLEU", color="tab:blue")
+    if (table[x] > 0).all():
+        ax.set_xscale("log")
+    twin = ax.twinx()
+    twin.plot(table[x], table["kept_heads"], marker="s", color="tab:orange", label="heads kept")
+    twin.set_ylabel("heads kept", color="tab:orange")
+    twin.set_ylim(0, max(table["heads_pool"].max() if "heads_pool" in table else table["kept_heads"].max(), 1) * 1.05)
+    ax.set_xlabel(x)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
     return _save(fig, path)

@@ -1,0 +1,110 @@
+"""Find hprune runs under some folders and read them into pandas: one row per finished run.
+
+A run dir is any folder with `.hydra/config.yaml` (a single run or one job of a multirun sweep). It is finished
+when its `metrics.json` is there (the verbs write it last, atomically); otherwise it is listed as incomplete
+(failed, killed or still running), never dropped silently. Each row holds the run's path, its verb, its
+command-line overrides, the settings that decide whether two BLEU scores can be compared, and every scalar
+of metrics.json. Prune runs with a curve (curve.csv) also give one row per curve point.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import yaml
+
+from ..errors import UserError
+
+# config keys that must agree for two runs' BLEU scores to be comparable
+SCORING_KEYS = ("data.name", "data.src_lang", "data.tgt_lang", "split", "generation.beam", "generation.lenpen")
+SKIPPED_VERBS = ("report", "data")  # they write no results of their own
+
+
+@dataclass
+class Collection:
+    runs: pd.DataFrame                  # one row per finished run
+    curves: pd.DataFrame                # one row per point of a pruning curve (prune runs' curve.csv)
+    incomplete: list = field(default_factory=list)  # (run dir, why)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def run_dirs(roots: list[Path]) -> list[Path]:
+    found = set()
+    for root in roots:
+        if not root.is_dir():
+            raise UserError(f"{root} is not a folder; pass the folder(s) holding hprune run dirs, e.g. "
+                            "`hprune report outputs/`")
+        found |= {config.parent.parent for config in root.rglob(".hydra/config.yaml")}
+    return sorted(found, key=lambda p: [int(part) if part.isdigit() else part for part in p.parts])
+
+
+def _label(run: Path, roots: list[Path]) -> str:
+    for root in roots:
+        if run == root or root in run.parents:
+            return str(run.relative_to(root.parent)) if run != root else run.name
+    return str(run)
+
+
+def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
+    """(row, None) for a finished run; (None, why) for an incomplete one; (None, None) for one to skip."""
+    try:
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None, "unreadable .hydra/config.yaml"
+    if config.get("verb") in SKIPPED_VERBS:
+        return None, None
+    metrics_file = run / "metrics.json"
+    if not metrics_file.exists():
+        return None, "no metrics.json (failed, killed or still running)"
+    try:
+        metrics = json.loads(metrics_file.read_text())
+    except (OSError, ValueError):
+        return None, "unreadable metrics.json"
+    overrides_file = run / ".hydra" / "overrides.yaml"
+    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
+    settings = _flatten(config)
+    row = {"verb": config.get("verb"), **{k: settings.get(k) for k in SCORING_KEYS},
+           "overrides": " ".join(overrides or [])}
+    row.update({k: v for k, v in metrics.items() if not isinstance(v, (dict, list))})
+    row["types"] = ",".join(metrics["types"]) if isinstance(metrics.get("types"), list) else metrics.get("types")
+    return row, None
+
+
+def collect(roots: list[Path]) -> Collection:
+    roots = [Path(r).expanduser().absolute() for r in roots]
+    rows, curves, incomplete = [], [], []
+    for run in run_dirs(roots):
+        row, why = read_run(run)
+        label = _label(run, roots)
+        if why:
+            incomplete.append((label, why))
+        if row is None:
+            continue
+        row = {"run": label, **row, "path": str(run)}
+        rows.append(row)
+        if (run / "curve.csv").exists():
+            curve = pd.read_csv(run / "curve.csv")
+            curve.insert(0, "run", label)
+            for key in ("checkpoint", "types", "heads_pool", "bleu_unpruned", *SCORING_KEYS):
+                curve[key] = row.get(key)
+            curves.append(curve.rename(columns={"order": "method"}))
+    if not rows:
+        where = ", ".join(str(r) for r in roots)
+        extra = f" ({len(incomplete)} incomplete)" if incomplete else ""
+        raise UserError(f"no finished hprune runs under {where}{extra}; a run dir holds .hydra/config.yaml and "
+                        "metrics.json: pass the folder of train, eval or prune runs (e.g. outputs/)")
+    return Collection(pd.DataFrame(rows), pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+                      incomplete)

@@ -1,0 +1,125 @@
+"""`hprune report`: tables from hand-made run dirs against hand-computed values, files written, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import hprune
+from hprune.errors import UserError
+from hprune.reporting import tables
+from hprune.reporting.collect import collect
+
+CKPT = "/runs/base/checkpoints/checkpoint_best.pt"
+
+
+def run_dir(root: Path, name: str, verb: str, metrics: dict | None, overrides=(), config=None, curve=None) -> Path:
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    config = {"verb": verb, "split": "test", "data": {"name": "toy", "src_lang": "src", "tgt_lang": "tgt"},
+              "generation": {"beam": 5, "lenpen": 1.0}, **(config or {})}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
+    if metrics is not None:
+        (run / "metrics.json").write_text(json.dumps(metrics))
+    if curve is not None:
+        pd.DataFrame(curve, columns=["order", "pct_pruned", "bleu"]).to_csv(run / "curve.csv", index=False)
+    return run
+
+
+def study(root: Path) -> None:
+    """A Michel curve with a random baseline, three Voita runs (λ sweep), an MoA and a dense eval, one killed run."""
+    types = ["enc-self", "dec-self", "dec-enc"]
+    pruned = {"verb": "prune", "checkpoint": CKPT, "types": types, "heads_pool": 36, "bleu_unpruned": 30.0}
+    run_dir(root, "michel", "prune", {**pruned, "method": "michel", "pct_pruned": 20.0, "bleu": 29.0},
+            curve=[("michel", 0.0, 30.0), ("michel", 20.0, 29.0), ("michel", 40.0, 25.0), ("michel", 60.0, 15.0),
+                   ("michel", 80.0, 5.0), ("random", 0.0, 30.0), ("random", 20.0, 26.0), ("random", 40.0, 18.0),
+                   ("random", 60.0, 8.0), ("random", 80.0, 2.0)])
+    for job, (lam, kept, bleu) in enumerate([(0.01, 27, 29.5), (0.1, 18, 28.0), (1.0, 9, 20.0)]):
+        run_dir(root / "sweep", str(job), "prune", {**pruned, "method": "voita", "l0_lambda": lam,
+                                                     "kept_heads": kept, "pct_pruned": 100 * (36 - kept) / 36,
+                                                     "bleu": bleu, "delta_bleu": bleu - 30.0},
+                overrides=[f"prune.l0_lambda={lam}"])
+    run_dir(root / "sweep", "3", "prune", None, overrides=["prune.l0_lambda=3.0"])  # killed: no metrics.json
+    run_dir(root, "moa", "eval", {"verb": "eval", "moa_experts": 8, "moa_top_k": 4, "moa_head_dim": 24,
+                                  "n_params": 500, "macs_per_token": 900, "bleu": 31.0})
+    run_dir(root, "dense", "eval", {"verb": "eval", "n_params": 400, "macs_per_token": 900, "bleu": 30.0})
+    run_dir(root, "report", "report", None)  # an earlier report: not a run, not incomplete
+
+
+def test_tables_equal_hand_computed_values(tmp_path):
+    study(tmp_path)
+    collection = collect([tmp_path])
+    assert collection.incomplete == [(f"{tmp_path.name}/sweep/3", "no metrics.json (failed, killed or still running)")]
+    table = tables.comparison(collection, [25, 50, 75]).set_index("method")
+    # michel: 29 + (25-20)/20 * (25-29) = 28; 50 % -> 20; 75 % -> 7.5.  random: 24, 13, 3.5
+    assert table.loc["michel", ["BLEU@25%", "BLEU@50%", "BLEU@75%"]].tolist() == pytest.approx([28.0, 20.0, 7.5])
+    assert table.loc["random", ["BLEU@25%", "BLEU@50%", "BLEU@75%"]].tolist() == pytest.approx([24.0, 13.0, 3.5])
+    assert table.loc["random", "ΔBLEU@50%"] == pytest.approx(-17.0)
+    # voita points at 25, 50, 75 % pruned: exactly 29.5, 28.0, 20.0; nothing is extrapolated
+    assert table.loc["voita", ["BLEU@25%", "BLEU@50%", "BLEU@75%"]].tolist() == pytest.approx([29.5, 28.0, 20.0])
+    assert pd.isna(tables.comparison(collection, [90]).set_index("method").loc["voita", "BLEU@90%"])
+    lambdas = tables.lambdas(collection)
+    assert lambdas["l0_lambda"].tolist() == [0.01, 0.1, 1.0] and lambdas["kept_heads"].tolist() == [27, 18, 9]
+    moa = tables.moa(collection)
+    assert moa[["E", "k", "params", "bleu"]].fillna(-1).values.tolist() == [[-1, -1, 400, 30.0], [8, 4, 500, 31.0]]
+    grouped = tables.runs_table(collection, ["bleu"], ["verb"]).set_index("verb")
+    assert grouped.loc["prune", "runs"] == 4 and grouped.loc["prune", "bleu"] == pytest.approx((29 + 29.5 + 28 + 20) / 4)
+
+
+def test_markdown_and_latex_text():
+    table = pd.DataFrame({"method": ["a_b"], "heads": [3.0], "BLEU@25%": [float("nan")], "ΔBLEU": [-1.234]})
+    assert tables.markdown(table).splitlines()[2] == "| a_b | 3 |  | -1.23 |"
+    assert r"a\_b & 3 &  & -1.23 \\" in tables.latex(table)
+    assert r"BLEU@25\% & $\Delta$BLEU" in tables.latex(table)
+
+
+def test_incompatible_runs_and_unknown_columns_are_refused(tmp_path):
+    study(tmp_path)
+    run_dir(tmp_path, "valid-michel", "prune", {"verb": "prune", "checkpoint": CKPT, "method": "random",
+                                                "types": ["enc-self", "dec-self", "dec-enc"], "pct_pruned": 50.0,
+                                                "bleu": 10.0}, config={"split": "valid"})
+    collection = collect([tmp_path])
+    with pytest.raises(UserError, match=r"scored with different split \(test vs valid\).*group_by=\[split\]"):
+        tables.comparison(collection, [50])
+    by_split = tables.comparison(collection, [50], group_by=["split"])
+    assert set(by_split["split"]) == {"test", "valid"}
+    with pytest.raises(UserError, match="unknown column 'blue'; the runs have: .*bleu"):
+        tables.runs_table(collection, ["blue"], [])
+    with pytest.raises(UserError, match="no finished hprune runs under .* \\(1 incomplete\\)"):
+        collect([tmp_path / "sweep" / "3"])
+
+
+def test_report_cli_writes_tables_plots_and_lists_incomplete_runs(tmp_path):
+    study(tmp_path / "runs")
+    out = tmp_path / "report"
+    proc = hprune("report", str(tmp_path / "runs"), f"hydra.run.dir={out}")
+    assert "| michel |" in proc.stdout and "incomplete runs (1): runs/sweep/3" in proc.stdout
+    for name in ("comparison", "lambda", "moa", "runs"):
+        for fmt in ("csv", "md", "tex"):
+            assert (out / f"{name}.{fmt}").stat().st_size > 0
+    assert pd.read_csv(out / "comparison.csv").set_index("method").loc["michel", "BLEU@50%"] == pytest.approx(20.0)
+    pngs, pdfs = sorted((out / "plots").glob("*.png")), sorted((out / "plots").glob("*.pdf"))
+    assert len(pngs) == len(pdfs) >= 2  # BLEU vs % pruned, BLEU and heads vs λ
+    assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 5000 for p in pngs)
+    assert all(p.read_bytes()[:4] == b"%PDF" for p in pdfs)
+    assert (out / "incomplete.txt").read_text() == "runs/sweep/3: no metrics.json (failed, killed or still running)\n"
+    report = (out / "report.md").read_text()
+    assert "## Pruning methods at matched sparsity" in report and "](plots/" in report
+
+
+@pytest.mark.parametrize("args, message", [
+    (["EMPTY"], "no finished hprune runs under"),
+    (["RUNS", "columns=[blue]"], "unknown column 'blue'"),
+    (["MISSING"], "is not a folder"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    study(tmp_path / "runs")
+    paths = {"EMPTY": str(tmp_path / "empty"), "RUNS": str(tmp_path / "runs"), "MISSING": str(tmp_path / "nope")}
+    proc = hprune("report", *[paths.get(a, a) for a in args], f"hydra.run.dir={tmp_path / 'out'}", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]

@@ -1,0 +1,41 @@
+"""Sweeps with parallel jobs lose nothing, and a killed job shows up in the report as incomplete."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pandas as pd
+
+from conftest import HPRUNE, ROOT, SMALL_DATA, SMALL_TRAIN, hprune
+
+
+def test_parallel_sweep_rows_arrive_intact_and_a_killed_job_is_listed(trained_run, tmp_path):
+    parallel = tmp_path / "parallel"
+    hprune("eval", "-m", f"ckpt={trained_run}", *SMALL_DATA, "device=cpu", "hydra/launcher=local",
+           "hydra.launcher.n_jobs=2", "generation.beam=1,2,3,4", f"hydra.sweep.dir={parallel}")
+    jobs = {str(i): json.loads((parallel / str(i) / "metrics.json").read_text()) for i in range(4)}
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*HPRUNE, "train", "-m", *SMALL_TRAIN, "optim.max_update=100000", "seed=1,2",
+                             f"hydra.sweep.dir={killed}"], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
+    deadline = time.time() + 300
+    while not (killed / "0" / "checkpoints").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # as a node failure or `scancel` would
+    proc.wait()
+    assert (killed / "0" / ".hydra").is_dir() and not (killed / "0" / "metrics.json").exists()
+
+    out = tmp_path / "report"
+    result = hprune("report", str(parallel), str(killed), f"hydra.run.dir={out}", "columns=[run,generation.beam,bleu,chrf,sentences]")
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs["run"]) == [f"parallel/{i}" for i in range(4)]
+    for row in runs.itertuples():
+        job = jobs[row.run.split("/")[1]]
+        assert (row.bleu, row.chrf, row.sentences) == (job["bleu"], job["chrf"], job["sentences"])
+    assert sorted(runs["generation.beam"]) == [1, 2, 3, 4]  # each job's own settings, not another's
+    assert "incomplete runs (1): killed/0 (no metrics.json" in result.stdout
+    assert (out / "incomplete.txt").read_text().startswith("killed/0: no metrics.json")
