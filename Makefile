@@ -24,11 +24,17 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## train the tiny model on the synthetic task, evaluate it, prune it (Michel curve)
+demo: install ## the study on the synthetic task: train, eval, Michel curve + random and confidence orders, a Voita λ sweep, `hprune report` (about 8 min on 2 cores)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
-	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo hydra.run.dir=outputs/demo/prune
+	# one pool of heads for every method, the paper's main Voita setting: the encoder self-attention
+	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo "prune.types=[enc-self]" \
+		"prune.baselines=[random,confidence]" hydra.run.dir=outputs/demo/prune
+	# λ = 0 is the control: the same extra training with no penalty
+	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,0.03,0.1,1 \
+		prune.optim.max_update=300 prune.optim.lr=0.01 hydra.sweep.dir=outputs/demo/voita
+	$(VENV)/bin/hprune report outputs/demo hydra.run.dir=outputs/demo/report
 
 test: install ## run the test suite (without tests marked slow)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -46,8 +46,8 @@ def test_unknown_verb():
     assert_one_line_error(hprune("trian", check=False), "unknown verb 'trian'", "train, eval, data")
 
 
-def test_verb_not_built_yet():
-    assert_one_line_error(hprune("report", check=False), "not built yet")
+def test_report_without_folders():
+    assert_one_line_error(hprune("report", check=False), "which runs? give their folder(s)")
 
 
 def test_unknown_group_option_lists_valid_ones():

@@ -30,7 +30,8 @@ def test_parallel_sweep_rows_arrive_intact_and_a_killed_job_is_listed(trained_ru
     assert (killed / "0" / ".hydra").is_dir() and not (killed / "0" / "metrics.json").exists()
 
     out = tmp_path / "report"
-    result = hprune("report", str(parallel), str(killed), f"hydra.run.dir={out}", "columns=[run,generation.beam,bleu,chrf,sentences]")
+    result = hprune("report", str(parallel), str(killed), f"hydra.run.dir={out}",
+                    "columns=[run,generation.beam,bleu,chrf,sentences]")
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["run"]) == [f"parallel/{i}" for i in range(4)]
     for row in runs.itertuples():

@@ -103,12 +103,11 @@ def _to_omegaconf(args) -> DictConfig:
     version_base >= 1.2, and clears the global Hydra state; both are put back afterwards.
     """
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.singleton import Singleton
     from hydra.version import VersionBase
     from packaging.version import Version
-
-    from hydra.core.config_store import ConfigStore
 
     _merge_missing(ConfigStore.instance().repo, _FAIRSEQ_CONFIG_STORE)
     versions = VersionBase.instance()

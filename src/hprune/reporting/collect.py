@@ -58,6 +58,12 @@ def _label(run: Path, roots: list[Path]) -> str:
     return str(run)
 
 
+def read_overrides(run: Path) -> list[str]:
+    """The command-line overrides Hydra recorded for a run (or a sweep job)."""
+    overrides_file = run / ".hydra" / "overrides.yaml"
+    return (yaml.safe_load(overrides_file.read_text()) or []) if overrides_file.exists() else []
+
+
 def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
     """(row, None) for a finished run; (None, why) for an incomplete one; (None, None) for one to skip."""
     try:
@@ -73,11 +79,9 @@ def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
         metrics = json.loads(metrics_file.read_text())
     except (OSError, ValueError):
         return None, "unreadable metrics.json"
-    overrides_file = run / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
     settings = _flatten(config)
     row = {"verb": config.get("verb"), **{k: settings.get(k) for k in SCORING_KEYS},
-           "overrides": " ".join(overrides or [])}
+           "overrides": " ".join(read_overrides(run))}
     row.update({k: v for k, v in metrics.items() if not isinstance(v, (dict, list))})
     row["types"] = ",".join(metrics["types"]) if isinstance(metrics.get("types"), list) else metrics.get("types")
     return row, None

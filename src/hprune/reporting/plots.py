@@ -33,10 +33,10 @@ def _save(fig, path: Path | list[Path]) -> Path:
         _figure().close(fig)
 
 
-def _lines(ax, xlabel: str, title: str) -> None:
+def _lines(ax, xlabel: str, title: str, legend: str = "best") -> None:
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    ax.legend()
+    ax.legend(loc=legend)
     ax.grid(alpha=0.3)
 
 
@@ -50,7 +50,7 @@ def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path | list[Path
         ax.plot(rows["pct_pruned"], rows["bleu"], marker="o", label=order)
     ax.axhline(baseline_bleu, color="grey", linestyle="--", linewidth=1, label="unpruned")
     ax.set_ylabel("BLEU")
-    _lines(ax, "% of heads pruned", title)
+    _lines(ax, "% of heads pruned", title, legend="lower left")  # curves fall to the right
     return _save(fig, path)
 
 
@@ -92,8 +92,9 @@ def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(table[x], table["bleu"], marker="o", color="tab:blue", label="BLEU")
     ax.set_ylabel("BLEU", color="tab:blue")
-    if (table[x] > 0).all():
-        ax.set_xscale("log")
+    positive = table[x][table[x] > 0]
+    if len(positive) and (table[x] >= 0).all():  # λ grids are geometric; a λ = 0 control stays on the axis
+        ax.set_xscale("symlog", linthresh=float(positive.min())) if (table[x] == 0).any() else ax.set_xscale("log")
     twin = ax.twinx()
     twin.plot(table[x], table["kept_heads"], marker="s", color="tab:orange", label="heads kept")
     twin.set_ylabel("heads kept", color="tab:orange")

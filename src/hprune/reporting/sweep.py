@@ -12,11 +12,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Tuple
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ..files import write_atomic
+from .collect import read_overrides
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,15 +33,14 @@ def collect(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str]]:
     rows, incomplete = [], []
     for job in sorted((p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()),
                       key=lambda p: (len(p.name), p.name)):
-        overrides_file = job / ".hydra" / "overrides.yaml"
-        overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
+        overrides = read_overrides(job)
         try:
             metrics = json.loads((job / "metrics.json").read_text())
         except (OSError, json.JSONDecodeError):
             incomplete.append(job.name)
             continue
         row = {"job": job.name}
-        row.update(dict(o.lstrip("+").split("=", 1) for o in overrides or [] if "=" in o))
+        row.update(dict(o.lstrip("+").split("=", 1) for o in overrides if "=" in o))
         row.update({k: metrics[k] for k in METRIC_COLUMNS if k in metrics})
         rows.append(row)
     return pd.DataFrame(rows), incomplete

@@ -99,6 +99,8 @@ def _run_heatmaps(report: Report, runs: pd.DataFrame) -> None:
 
 
 def run(cfg: DictConfig) -> dict:
+    if OmegaConf.is_missing(cfg, "runs"):
+        raise UserError("which runs? give their folder(s): `hprune report outputs/` (or runs=[DIR,...])")
     roots = OmegaConf.to_container(cfg.runs) if OmegaConf.is_list(cfg.runs) else [cfg.runs]
     group_by = list(cfg.group_by)
     collection = collect([Path(r) for r in roots])
