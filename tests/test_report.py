@@ -44,8 +44,10 @@ def study(root: Path) -> None:
                                                      "bleu": bleu, "delta_bleu": bleu - 30.0},
                 overrides=[f"prune.l0_lambda={lam}"])
     run_dir(root / "sweep", "3", "prune", None, overrides=["prune.l0_lambda=3.0"])  # killed: no metrics.json
-    run_dir(root, "moa", "eval", {"verb": "eval", "moa_experts": 8, "moa_top_k": 4, "moa_head_dim": 24,
-                                  "n_params": 500, "macs_per_token": 900, "bleu": 31.0})
+    moa = run_dir(root, "moa", "eval", {"verb": "eval", "moa_experts": 8, "moa_top_k": 4, "moa_head_dim": 24,
+                                        "n_params": 500, "macs_per_token": 900, "bleu": 31.0})
+    pd.DataFrame([{"type": "enc-self", "layer": layer, "expert": e, "share": 1 / 8} for layer in range(2)
+                  for e in range(8)]).to_csv(moa / "expert_load.csv", index=False)
     run_dir(root, "dense", "eval", {"verb": "eval", "n_params": 400, "macs_per_token": 900, "bleu": 30.0})
     run_dir(root, "report", "report", None)  # an earlier report: not a run, not incomplete
 
@@ -103,7 +105,8 @@ def test_report_cli_writes_tables_plots_and_lists_incomplete_runs(tmp_path):
             assert (out / f"{name}.{fmt}").stat().st_size > 0
     assert pd.read_csv(out / "comparison.csv").set_index("method").loc["michel", "BLEU@50%"] == pytest.approx(20.0)
     pngs, pdfs = sorted((out / "plots").glob("*.png")), sorted((out / "plots").glob("*.pdf"))
-    assert len(pngs) == len(pdfs) >= 2  # BLEU vs % pruned, BLEU and heads vs λ
+    assert len(pngs) == len(pdfs) >= 3  # BLEU vs % pruned, BLEU and heads vs λ, expert load
+    assert (out / "plots" / "runs_moa_share.png").exists()
     assert all(p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 5000 for p in pngs)
     assert all(p.read_bytes()[:4] == b"%PDF" for p in pdfs)
     assert (out / "incomplete.txt").read_text() == "runs/sweep/3: no metrics.json (failed, killed or still running)\n"
@@ -115,11 +118,16 @@ def test_report_cli_writes_tables_plots_and_lists_incomplete_runs(tmp_path):
     (["EMPTY"], "no finished hprune runs under"),
     (["RUNS", "columns=[blue]"], "unknown column 'blue'"),
     (["MISSING"], "is not a folder"),
+    (["RUNS", "MIXED"], "scored with different split (test vs valid)"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     study(tmp_path / "runs")
-    paths = {"EMPTY": str(tmp_path / "empty"), "RUNS": str(tmp_path / "runs"), "MISSING": str(tmp_path / "nope")}
+    run_dir(tmp_path / "mixed", "valid-random", "prune", {"verb": "prune", "checkpoint": CKPT, "method": "random",
+                                                         "types": ["enc-self", "dec-self", "dec-enc"],
+                                                         "pct_pruned": 50.0, "bleu": 10.0}, config={"split": "valid"})
+    paths = {"EMPTY": str(tmp_path / "empty"), "RUNS": str(tmp_path / "runs"), "MISSING": str(tmp_path / "nope"),
+             "MIXED": str(tmp_path / "mixed")}
     proc = hprune("report", *[paths.get(a, a) for a in args], f"hydra.run.dir={tmp_path / 'out'}", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert message in proc.stderr.strip().splitlines()[-1]
