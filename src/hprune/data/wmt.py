@@ -96,8 +96,10 @@ def run_stage(stages: Path, name: str, inputs: dict, build: Callable[[Path], Opt
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staging, final)
+    try:
+        os.replace(staging, final)
+    except OSError:  # another process (a parallel sweep job) built the same stage first: keep its copy
+        shutil.rmtree(staging, ignore_errors=True)
     log.info("%s: built in %.1f s (%s)", name, time.perf_counter() - start, final)
     return final
 

@@ -83,7 +83,7 @@ def check_comparable(points: pd.DataFrame, group_by: list[str]) -> None:
                 second = rows[rows[setting].astype(str) == values[1]]["run"].iloc[0]
                 raise UserError(f"runs {first} and {second} prune the same model but are scored with different "
                                 f"{setting} ({values[0]} vs {values[1]}), so their BLEU cannot be compared; report "
-                                f"them apart, or add report.group_by=[{setting}] for one table each")
+                                f"them apart, or add group_by=[{setting}] for one table each")
 
 
 def interpolate(points: pd.DataFrame, targets: list[float]) -> list[float]:
