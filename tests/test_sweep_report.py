@@ -40,3 +40,15 @@ def test_parallel_sweep_rows_arrive_intact_and_a_killed_job_is_listed(trained_ru
     assert sorted(runs["generation.beam"]) == [1, 2, 3, 4]  # each job's own settings, not another's
     assert "incomplete runs (1): killed/0 (no metrics.json" in result.stdout
     assert (out / "incomplete.txt").read_text().startswith("killed/0: no metrics.json")
+
+
+def test_submitit_runs_sweep_jobs_as_on_slurm(trained_run, tmp_path):
+    """submitit's local executor pickles and runs the jobs as its SLURM executor does (no cluster needed)."""
+    sweep = tmp_path / "submitit"
+    hprune("eval", "-m", f"ckpt={trained_run}", *SMALL_DATA, "device=cpu", "hydra/launcher=submitit_local",
+           "generation.beam=1,2", f"hydra.sweep.dir={sweep}")
+    table = pd.read_csv(sweep / "sweep.csv")
+    assert table["generation.beam"].tolist() == [1, 2]
+    assert table["bleu"].tolist() == [json.loads((sweep / str(i) / "metrics.json").read_text())["bleu"]
+                                      for i in range(2)]
+    assert list((sweep / ".submitit").iterdir())  # the jobs went through submitit
