@@ -19,7 +19,9 @@ VERBS = {
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
     "report": ("hprune.runner.report", "`hprune report DIR ...`: method comparison, λ and MoA tables, plots over runs"),
 }
-POSITIONAL = {"data": ("action", ("prepare",))}  # `hprune data prepare` -> action=prepare
+# words before or between the overrides: `hprune data prepare` -> action=prepare (one of the choices);
+# `hprune report A B` -> runs=['A','B'] (choices None: any number of free values)
+POSITIONAL = {"data": ("action", ("prepare",)), "report": ("runs", None)}
 SUGAR = {"prune": {"--method": "prune"}}  # `hprune prune --method voita` -> prune=voita
 
 USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
@@ -78,22 +80,32 @@ def _desugar(verb: str, args: list[str]) -> list[str]:
     return out + overrides
 
 
-def _report_folders(args: list[str]) -> list[str]:
-    """`hprune report DIR [DIR ...] [overrides]` -> `runs=['DIR',...] [overrides]` (quoted for Hydra)."""
+def positional(verb: str, args: list[str]) -> list[str]:
+    """The verb's free words (neither flags nor key=value) turned into its POSITIONAL key's override."""
+    if verb not in POSITIONAL:
+        return args
     from hprune_cli.checks import FLAGS_WITH_VALUE
 
-    folders, others, i = [], [], 0
+    key, choices = POSITIONAL[verb]
+    words, others, i = [], [], 0
     while i < len(args):
         if args[i] in FLAGS_WITH_VALUE and i + 1 < len(args):
             others += args[i:i + 2]
             i += 2
             continue
-        (others if args[i].startswith("-") or "=" in args[i] else folders).append(args[i])
+        (others if args[i].startswith("-") or "=" in args[i] else words).append(args[i])
         i += 1
-    if not folders:
+    if not words:
         return others
-    quoted = ",".join("'" + f.replace("\\", "\\\\").replace("'", "\\'") + "'" for f in folders)
-    return [f"runs=[{quoted}]", *others]
+    if choices is not None:
+        wrong = [w for w in words if w not in choices]
+        if wrong:
+            fail(verb, f"unknown {key} '{wrong[0]}'; choose one of: {', '.join(choices)}")
+        if len(words) > 1:
+            fail(verb, f"one {key} at a time, not {' '.join(words)}")
+        return [f"{key}={words[0]}", *others]
+    quoted = ",".join("'" + w.replace("\\", "\\\\").replace("'", "\\'") + "'" for w in words)
+    return [f"{key}=[{quoted}]", *others]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,14 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
         fail("", f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)} (see `hprune --help`)")
-    if verb in POSITIONAL and rest and not rest[0].startswith("-") and "=" not in rest[0]:
-        key, choices = POSITIONAL[verb]
-        if rest[0] not in choices:
-            fail(verb, f"unknown action '{rest[0]}'; choose one of: {', '.join(choices)}")
-        rest = [f"{key}={rest[0]}", *rest[1:]]
-    if verb == "report":
-        rest = _report_folders(rest)
-    rest = _desugar(verb, rest)
+    rest = _desugar(verb, positional(verb, rest))
     if any(f in rest for f in ("-m", "--multirun")) and any(f in rest for f in ("--cfg", "-c")):
         fail(verb, "--cfg prints the config of one run and -m starts a sweep; drop -m and give one value per "
                    "key to see a job's config")

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from hprune_cli.checks import check_overrides
-from hprune_cli.main import POSITIONAL, SUGAR, _desugar
+from hprune_cli.main import _desugar, positional
 
 from conftest import ROOT
 
@@ -30,9 +30,7 @@ def test_every_step_composes(script, launcher):
     outputs = set()
     for args in steps:
         verb, rest = args[0], args[1:]
-        if verb in POSITIONAL:
-            rest = [f"{POSITIONAL[verb][0]}={rest[0]}", *rest[1:]]
-        problem = check_overrides(verb, _desugar(verb, rest) if verb in SUGAR else rest)
+        problem = check_overrides(verb, _desugar(verb, positional(verb, rest)))
         assert problem is None, (args, problem)
         ckpts = [a.split("=", 1)[1] for a in rest if a.startswith("ckpt=")]
         for ckpt in ckpts:  # reads a run written by an earlier step

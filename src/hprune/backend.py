@@ -31,6 +31,7 @@ except ImportError as err:  # raised inside a verb, so the user sees one line
     raise UserError(f"fairseq is not importable ({err}); run `make install` "
                     "(it installs fairseq-fixed==0.12.3.1 with --no-deps)") from None
 from fairseq import options
+from hydra.core.config_store import ConfigStore
 
 import hprune_fairseq  # registers the model and the safe-loading allow-list
 from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
@@ -43,16 +44,10 @@ HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big", "hprune_moa", "h
 MOA_ARCHS = ("hprune_moa", "hprune_moa_big")
 
 
-def _config_store_snapshot() -> dict:
-    from hydra.core.config_store import ConfigStore
-
-    return copy.deepcopy(ConfigStore.instance().repo)
-
-
 # fairseq registers its config groups (lr_scheduler/fixed, ...) in Hydra's ConfigStore once, when imported. A
 # joblib worker runs several sweep jobs, and before each Hydra puts back the launching process's ConfigStore,
 # which never saw fairseq: the entries are merged back from this snapshot before fairseq composes a config.
-_FAIRSEQ_CONFIG_STORE = _config_store_snapshot()
+_FAIRSEQ_CONFIG_STORE = copy.deepcopy(ConfigStore.instance().repo)
 
 
 def _merge_missing(repo: dict, saved: dict) -> None:
@@ -103,7 +98,6 @@ def _to_omegaconf(args) -> DictConfig:
     version_base >= 1.2, and clears the global Hydra state; both are put back afterwards.
     """
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.singleton import Singleton
     from hydra.version import VersionBase

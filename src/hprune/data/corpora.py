@@ -108,16 +108,16 @@ def read_pairs(name: str, source: DictConfig, archive: Path, src: str, tgt: str,
     """(source, target) sentence pairs of one corpus."""
     if source.get("files"):
         paths = [_unpack(archive, source.files[lang], scratch) for lang in (src, tgt)]
-        yield from _zip_lines(name, paths, bad)
+        pairs = _zip_lines(name, paths, bad)
     else:
-        path = _unpack(archive, source.get("file"), scratch)
-        yield from _tsv_pairs(name, path, source.columns[src], source.columns[tgt], bad)
-        if path != archive:
-            path.unlink()
-        return
-    for path in paths:
-        if path != archive:
-            path.unlink()
+        paths = [_unpack(archive, source.get("file"), scratch)]
+        pairs = _tsv_pairs(name, paths[0], source.columns[src], source.columns[tgt], bad)
+    try:
+        yield from pairs
+    finally:  # unpacked copies only: never the download itself
+        for path in paths:
+            if path != archive:
+                path.unlink(missing_ok=True)
 
 
 def _zip_lines(name: str, paths: list[Path], bad: BadLines) -> Iterator[tuple[str, str]]:

@@ -39,9 +39,8 @@ def check(names: list[str], src: str, tgt: str) -> None:
 def _ensure_raw(dataset, langpair: str) -> None:
     """Download and extract the test set's archive unless its files are there."""
     raw = Path(dataset._rawdir)
-    members = [m for m in dataset.langpairs[langpair] if isinstance(m, str)] if isinstance(
-        dataset.langpairs[langpair], list) else []
-    if members and all((raw / m).exists() for m in members):
+    members = dataset.langpairs[langpair]  # the archive members holding this pair's source and references
+    if all((raw / m).exists() for m in members):
         return
     md5s = dataset.md5 or [None] * len(dataset.data)
     for url, md5 in zip(dataset.data, md5s):

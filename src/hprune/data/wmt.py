@@ -87,14 +87,11 @@ def run_stage(stages: Path, name: str, inputs: dict, build: Callable[[Path], Opt
         staging.mkdir(parents=True)
         info = build(staging) or {}
         write_json(staging / "DONE", {"inputs": inputs, "seconds": round(time.perf_counter() - start, 2), **info})
-    except OSError as err:
+    except BaseException as err:  # nothing half-built stays behind
         shutil.rmtree(staging, ignore_errors=True)
-        if err.errno == errno.ENOSPC:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
             raise UserError(f"the disk is full while building stage {name} in {stages}; free space or set "
                             "paths.data_root=<a larger disk> (nothing half-written was kept)") from None
-        raise
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
         raise
     try:
         os.replace(staging, final)
