@@ -34,7 +34,7 @@ def reference(module, x, memory, probs_of, key_padding=None, attn_mask=None, que
                 continue
             p = probs_of(x[t, b])
             weights, chosen = p.topk(module.top_k)
-            for w, e in zip(weights.tolist(), chosen.tolist()):
+            for w, e in zip(weights, chosen.tolist()):
                 q = x[t, b] @ module.q_experts[e]
                 scores = keys[b] @ q / math.sqrt(module.head_dim)
                 if key_padding is not None:
@@ -86,6 +86,31 @@ def test_sparse_routing_equals_per_token_reference(renormalize, dispatch_mode):
     expected = reference(module, x, memory, probs_of, key_padding=kpm, query_padding=qpm)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
     assert torch.count_nonzero(out[-2:, 2]) == 0
+
+
+def test_sparse_routing_gradients_equal_the_per_token_reference(dispatch_mode, monkeypatch):
+    """Backward through the expert buffer (the jagged layout streamed in 7-row chunks that cut through the
+    experts' groups, or the blocks) gives the per-token reference's gradients for the input, every projection
+    and the router."""
+    monkeypatch.setattr(Dispatch, "chunk_bytes", 7 * C * 4)  # 7 fp32 rows of d_model per chunk
+    module = moa(6, 3, self_attention=True)
+    torch.nn.init.normal_(module.router.weight)
+    x = torch.randn(T, B, C, requires_grad=True)
+    direction = torch.randn(T, B, C)
+    out, _ = module(x, x, x, attn_mask=causal(T), need_weights=False)
+    params = [x, module.q_experts, module.o_experts, module.router.weight, module.k_proj.weight]
+    grads = torch.autograd.grad((out * direction).sum(), params)
+    expected = reference(module, x, x, lambda token: torch.softmax(module.router.weight @ token, -1),
+                         attn_mask=causal(T))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    for grad, reference_grad in zip(grads, torch.autograd.grad((expected * direction).sum(), params)):
+        torch.testing.assert_close(grad, reference_grad, atol=1e-5, rtol=1e-4)
+    if dispatch_mode == "jagged":
+        experts = torch.softmax(x.detach().view(-1, C) @ module.router.weight.detach().T, -1).topk(3).indices
+        plan = Dispatch.plan(experts, 6, (C * 4, 8 * 4))
+        chunks = plan.chunks(torch.empty(0, C))
+        assert len(chunks) == math.ceil(T * B * 3 / 7) and any(c[2].stop - c[2].start > 1 for c in chunks)
+        assert Dispatch.plan(experts, 6, (C * 4, 6 * 4)).offsets is None  # 24-byte rows: grouped_mm can't, blocks
 
 
 def test_renormalisation_denominator_carries_no_gradient():

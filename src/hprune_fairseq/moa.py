@@ -14,9 +14,10 @@ Computation, without a Python loop over experts and without host-device synchron
     experts' W_q side by side, and the weighted outputs one matmul with all W_o stacked;
   * k < E: the (token, slot) pairs are sorted by expert into a buffer (`Dispatch`); one gather fills it, each
     projection is one grouped matmul over it, and one index_add sums the weighted outputs back per token. On
-    the CPU the groups are jagged (torch's grouped_mm); on a device each group is padded to whole blocks of
-    rows and the buffer's size is a bound from the shapes alone, so no count travels to the host (CUDA's
-    grouped_mm reads its offsets back for every dtype but bf16 on sm90+).
+    the CPU the groups are jagged (torch's grouped_mm, streamed over row chunks by `ExpertLinear`); on a
+    device each group is padded to whole blocks of rows and the buffer's size is a bound from the shapes
+    alone, so no count travels to the host (CUDA's grouped_mm reads its offsets back for every dtype but bf16
+    on sm90+).
 The k query slots of a token attend the shared K/V as k rows of a single-head attention (the slots are
 folded into the query length), so no key or value is ever copied per expert.
 
@@ -33,6 +34,7 @@ the gates fold exactly into W_o and a mask.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Dict, Optional, Tuple
 
@@ -165,8 +167,7 @@ class MoAAttention(Gated, nn.Module):
         if plan is None:  # dense routing: all experts, in expert order, in one matmul
             stacked = self.q_experts.permute(1, 0, 2).reshape(self.embed_dim, -1)
             return (tokens @ stacked.to(tokens.dtype)).view(tokens.size(0), self.num_heads, self.head_dim)
-        padded = torch.cat([tokens, tokens.new_zeros(1, self.embed_dim)])  # the last row feeds padding rows
-        queries = plan.project(padded.index_select(0, plan.token_of_row), self.q_experts)
+        queries = plan.gather_project(tokens, self.q_experts)
         return queries.index_select(0, plan.row_of_slot).view(tokens.size(0), -1, self.head_dim)
 
     def _outputs(self, context: Tensor, weights: Tensor, plan: Optional["Dispatch"]) -> Tensor:
@@ -175,9 +176,7 @@ class MoAAttention(Gated, nn.Module):
         weighted = context * weights.unsqueeze(-1).to(context.dtype)
         if plan is None:
             return weighted.reshape(n, -1) @ self.o_experts.reshape(-1, self.embed_dim).to(context.dtype)
-        padded = torch.cat([weighted.reshape(-1, self.head_dim), weighted.new_zeros(1, self.head_dim)])
-        outputs = plan.project(padded.index_select(0, plan.slot_of_row), self.o_experts)
-        return outputs.new_zeros(n + 1, self.embed_dim).index_add(0, plan.token_of_row, outputs)[:n]
+        return plan.project_scatter(plan.rows_of_slots(weighted.reshape(-1, self.head_dim)), self.o_experts, n)
 
     # ------------------------------------------------------------------------------------ forward
     def _keys_values(self, query, key, value, key_padding_mask, incremental_state, static_kv):
@@ -267,7 +266,8 @@ class MoAAttention(Gated, nn.Module):
         if experts.size(1) == self.num_heads:  # dense: slots in expert order, weighted by the probabilities
             weights = weights.new_zeros(probs.shape).scatter(1, experts, weights)
         else:
-            plan = Dispatch.plan(experts, self.num_heads)
+            row_bytes = tuple(width * query.element_size() for width in (self.embed_dim, self.head_dim))
+            plan = Dispatch.plan(experts, self.num_heads, row_bytes)
         if gates is not None:  # an open gate scales its expert's contribution
             weights = weights * (gates if plan is None else gates[experts]).to(weights.dtype)
         if self.record_outputs:
@@ -347,30 +347,67 @@ class MoAAttention(Gated, nn.Module):
 
 
 class Dispatch:
-    """Where each (token, slot) of a top-k routing goes in an expert-sorted buffer, and the expert projection
-    of that buffer. Two layouts:
+    """Where each (token, slot) of a top-k routing goes in an expert-sorted buffer, and the expert projections in
+    and out of that buffer. Two layouts:
 
     * jagged (the CPU): the rows are the slots sorted by expert, `offsets` ends each expert's group, and a
-      projection is one `grouped_mm`. It needs the group sizes, which only a device would have to send back.
+      projection is a `grouped_mm` over the groups (`ExpertLinear`, which streams the rows in chunks).
     * blocks (devices, or `jagged_on_cpu = False`): each expert's slots fill whole blocks of `block` rows (the
       last one padded), so block j belongs to expert `block_expert[j]`, and a projection is one bmm of the
       blocks against their experts' weights. The number of blocks is a bound from the shapes alone,
-      ceil((A + E (b-1)) / b) for A slots, so nothing is read back to the host; unused rows read a zero row.
-    Measured at 8K32E64D, 2048 tokens, forward + backward on 2 CPU cores: jagged 133 ms, blocks 162 ms."""
+      ceil((A + E (b-1)) / b) for A slots, so no count travels to the host (CUDA's grouped_mm reads its
+      offsets back for every dtype but bf16 on sm90+); unused rows read a zero row.
+    Measured at 8K32E64D, 2048 tokens, forward + backward on 2 CPU cores: jagged 87 ms, blocks 176 ms."""
 
     jagged_on_cpu = True  # the tests also run the blocks layout on the CPU
 
     def __init__(self, token_of_row, slot_of_row, row_of_slot, offsets=None, block_expert=None, blocks=0):
         self.token_of_row, self.slot_of_row, self.row_of_slot = token_of_row, slot_of_row, row_of_slot
         self.offsets, self.block_expert, self.blocks = offsets, block_expert, blocks
+        self._chunks: Dict[int, list] = {}
 
-    def project(self, rows: Tensor, weight: Tensor) -> Tensor:
-        """rows (buffer rows, in) @ their expert's weight (E, in, out) -> (buffer rows, out)."""
+    def rows_of_slots(self, values: Tensor) -> Tensor:
+        """Per-slot values (A, width), in slot order -> in buffer-row order (padding rows read zeros)."""
+        if self.offsets is None:
+            values = torch.cat([values, values.new_zeros(1, values.size(1))])
+        return values.index_select(0, self.slot_of_row)
+
+    def gather_project(self, tokens: Tensor, weight: Tensor) -> Tensor:
+        """Each buffer row's token (N, in) @ its expert's weight (E, in, out) -> (buffer rows, out)."""
+        weight = weight.to(tokens.dtype)
+        if self.offsets is not None:
+            return ExpertLinear.apply(tokens, weight, self.token_of_row, self.chunks(tokens), True, 0)
+        padded = torch.cat([tokens, tokens.new_zeros(1, tokens.size(1))])  # the last row feeds padding rows
+        return self._bmm(padded.index_select(0, self.token_of_row), weight)
+
+    def project_scatter(self, rows: Tensor, weight: Tensor, n: int) -> Tensor:
+        """Buffer rows (rows, in) @ their expert's weight (E, in, out), summed per token -> (n, out)."""
         weight = weight.to(rows.dtype)
         if self.offsets is not None:
-            return F.grouped_mm(rows, weight, offs=self.offsets)
+            return ExpertLinear.apply(rows, weight, self.token_of_row, self.chunks(rows, weight.size(-1)), False, n)
+        outputs = self._bmm(rows, weight)
+        return outputs.new_zeros(n + 1, weight.size(-1)).index_add(0, self.token_of_row, outputs)[:n]
+
+    def _bmm(self, rows: Tensor, weight: Tensor) -> Tensor:
         blocks = rows.view(self.blocks, -1, rows.size(-1))
         return torch.bmm(blocks, weight.index_select(0, self.block_expert)).reshape(-1, weight.size(-1))
+
+    chunk_bytes = 2 << 20  # the wide side of a chunk of rows: 2 MiB (1, 4 and 8 MiB measured slower)
+
+    def chunks(self, like: Tensor, width: Optional[int] = None) -> list:
+        """The jagged buffer cut into consecutive row ranges whose wide side (`width`, by default like's) is about
+        `chunk_bytes`: (start, stop, the slice of experts the range meets, their group ends within the range).
+        The group ends are read to the host: this layout only runs on the CPU, where that costs nothing."""
+        rows = max(1, self.chunk_bytes // ((width or like.size(1)) * like.element_size()))
+        if rows not in self._chunks:
+            ends, total, chunks = self.offsets.tolist(), self.token_of_row.numel(), []
+            for start in range(0, total, rows):
+                stop = min(start + rows, total)
+                first, last = bisect.bisect_right(ends, start), bisect.bisect_left(ends, stop)
+                local_ends = (self.offsets[first:last + 1] - start).clamp(0, stop - start)
+                chunks.append((start, stop, slice(first, last + 1), local_ends))
+            self._chunks[rows] = chunks
+        return self._chunks[rows]
 
     @staticmethod
     def block_size(assignments: int, experts: int) -> int:
@@ -380,13 +417,15 @@ class Dispatch:
         return max(8, min(256, 1 << max(assignments // (2 * experts), 1).bit_length() - 1))
 
     @classmethod
-    def plan(cls, experts: Tensor, num_experts: int) -> "Dispatch":
+    def plan(cls, experts: Tensor, num_experts: int, row_bytes: Tuple[int, ...] = ()) -> "Dispatch":
+        """row_bytes: the byte widths of the projections' rows; grouped_mm (the jagged layout) needs them to be
+        multiples of 16, else the blocks layout serves."""
         n, k = experts.shape
         assignments, device = n * k, experts.device
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)  # slots grouped by expert
         counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add(0, flat, torch.ones_like(flat))
-        if device.type == "cpu" and cls.jagged_on_cpu:
+        if device.type == "cpu" and cls.jagged_on_cpu and all(width % 16 == 0 for width in row_bytes):
             row_of_slot = torch.empty_like(order).index_copy(0, order, torch.arange(assignments))
             return cls(order // k, order, row_of_slot, offsets=counts.cumsum(0).to(torch.int32))
         block = cls.block_size(assignments, num_experts)
@@ -403,3 +442,50 @@ class Dispatch:
         starts = torch.arange(blocks, device=device) * block
         block_expert = torch.searchsorted(padded.cumsum(0), starts, right=True).clamp(max=num_experts - 1)
         return cls(token_of_row, slot_of_row, row_of_slot, block_expert=block_expert, blocks=blocks)
+
+
+class ExpertLinear(torch.autograd.Function):
+    """The jagged layout's expert projection, y_r = x_r W^{e_r} for the buffer rows r (sorted by expert), either
+    gathering its input rows from tokens (`gather`: x_r = inputs[index_r], y is (rows, out)) or summing its output
+    rows into tokens (scatter: y is Σ_r into out[index_r], (n, out)). It runs over row chunks, one grouped_mm
+    per chunk over the experts the chunk meets, and keeps no gathered or per-row wide matrix: the backward pass
+    gathers again. A full one (rows x d_model: 32 MiB at 2048 tokens, k=8, d=512) is above glibc's mmap limit,
+    so each step would fault its pages in anew; measured at 8K32E64D (forward + backward, 2 CPU cores),
+    streaming takes 88 ms where whole matrices take 144 ms, with 200-2,000 page faults a step instead of 33,600."""
+
+    @staticmethod
+    def forward(ctx, inputs: Tensor, weight: Tensor, index: Tensor, chunks: list, gather: bool, n: int) -> Tensor:
+        out = inputs.new_empty(index.numel(), weight.size(-1)) if gather else inputs.new_zeros(n, weight.size(-1))
+        for start, stop, experts, ends in chunks:
+            rows = inputs.index_select(0, index[start:stop]) if gather else inputs[start:stop]
+            projected = F.grouped_mm(rows, weight[experts], offs=ends)
+            if gather:
+                out[start:stop] = projected
+            else:
+                out.index_add_(0, index[start:stop], projected)
+        ctx.save_for_backward(inputs, weight, index)
+        ctx.chunks, ctx.gather = chunks, gather
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        inputs, weight, index = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_inputs = (torch.zeros_like(inputs) if ctx.gather else torch.empty_like(inputs)) \
+            if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        transposed = weight.transpose(1, 2)
+        for start, stop, experts, ends in ctx.chunks:
+            grad_out = grad[start:stop] if ctx.gather else grad.index_select(0, index[start:stop])
+            if grad_inputs is not None:
+                grad_rows = F.grouped_mm(grad_out, transposed[experts], offs=ends)
+                if ctx.gather:
+                    grad_inputs.index_add_(0, index[start:stop], grad_rows)
+                else:
+                    grad_inputs[start:stop] = grad_rows
+            if grad_weight is not None:
+                rows = inputs.index_select(0, index[start:stop]) if ctx.gather else inputs[start:stop]
+                grad_weight[experts] += F.grouped_mm(rows.t(), grad_out, offs=ends)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_inputs, grad_weight, None, None, None, None
