@@ -129,6 +129,28 @@ def test_folding_the_gates_gives_the_gated_outputs_without_gates():
     torch.testing.assert_close(folded, gated, rtol=1e-5, atol=1e-6)
 
 
+def test_gates_on_out_proj_columns_equal_gating_the_head_outputs():
+    """In training the gates scale out_proj's columns; with record_outputs they multiply the head outputs
+    instead (those are recorded gated). Same gate sample: the same output and the same gradients."""
+    from hprune_fairseq.attention import HeadAttention
+    torch.manual_seed(0)
+    module = HeadAttention(32, 8, self_attention=True).train()
+    module.add_gate(init=0.0)
+    x = torch.randn(5, 3, 32, requires_grad=True)
+    results = []
+    for record in (False, True):
+        module.record_outputs = record
+        torch.manual_seed(2)  # the same gate sample, six of eight strictly inside (0, 1)
+        out, _ = module(x, x, x, need_weights=False)
+        params = [module.gate.log_alpha, module.out_proj.weight, module.q_proj.weight, x]
+        results.append((out, torch.autograd.grad(out.pow(2).sum(), params)))
+    (out, grads), (reference, reference_grads) = results
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+    assert grads[0].ne(0).sum() >= 2  # gates sampled strictly inside (0, 1) pass a gradient
+    for grad, reference_grad in zip(grads, reference_grads):
+        torch.testing.assert_close(grad, reference_grad, rtol=1e-4, atol=1e-6)
+
+
 class BudgetModel(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -76,14 +76,14 @@ class HpruneCriterion(LabelSmoothedCrossEntropyCriterion):
 
     def add_l0_penalty(self, model, loss, sample_size, logging):
         training = model.training and torch.is_grad_enabled()  # a training batch, not validation
+        open_probabilities = model.gate_open_probabilities()
         with torch.no_grad():  # tensors, not Python numbers: no host-device synchronisation per step
-            gates = [m.gate for _, _, m in model.gates()]
-            open_heads = sum(gate.p_open().sum() for gate in gates)
-            alive_heads = sum(gate.alive().sum() for gate in gates)
-            kept_heads = sum((gate.deterministic() > 0).sum() for gate in gates)
+            p_open, kept = open_probabilities[0].detach(), open_probabilities[1] > 0
+            open_heads, kept_heads = p_open.sum(), kept.sum()
+            alive_heads = ((p_open > 0.5) & kept).sum()  # as HardConcreteGate.alive()
             multiplier = (self.l0_lambda if self.l0_budget is None
                           else self.budget_multiplier(model, kept_heads, advance=training))
-        loss = loss + multiplier * model.gate_penalty(self.l0_normalize) * sample_size
+        loss = loss + multiplier * model.gate_penalty(self.l0_normalize, open_probabilities) * sample_size
         logging.update(loss=loss.data, open_heads=open_heads, alive_heads=alive_heads, kept_heads=kept_heads,
                        l0_lambda=torch.as_tensor(multiplier, dtype=torch.float32))
         return loss

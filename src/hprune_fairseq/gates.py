@@ -42,17 +42,20 @@ class HardConcreteGate(nn.Module):
         """A fresh noisy gate per head in training, the deterministic gate otherwise; shape (heads,)."""
         if not self.training:
             return self.deterministic()
-        u = torch.rand_like(self.log_alpha).clamp(EPS, 1 - EPS)
-        s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / self.temperature)
+        noise = torch.logit(torch.rand_like(self.log_alpha), eps=EPS)  # log u - log(1 - u), u clamped to [ε, 1-ε]
+        s = torch.sigmoid((noise + self.log_alpha) / self.temperature)
         return (s * (self.high - self.low) + self.low).clamp(0.0, 1.0)
 
-    def deterministic(self) -> Tensor:
-        return (torch.sigmoid(self.log_alpha) * (self.high - self.low) + self.low).clamp(0.0, 1.0)
+    def deterministic(self, log_alpha: Optional[Tensor] = None) -> Tensor:
+        """The test-time gate per head, of this gate's log α or of the given ones (same β, l, r)."""
+        log_alpha = self.log_alpha if log_alpha is None else log_alpha
+        return (torch.sigmoid(log_alpha) * (self.high - self.low) + self.low).clamp(0.0, 1.0)
 
-    def p_open(self) -> Tensor:
-        """P(gate ≠ 0) per head: the expected L0 norm's terms."""
+    def p_open(self, log_alpha: Optional[Tensor] = None) -> Tensor:
+        """P(gate ≠ 0) per head, the expected L0 norm's terms; of this gate's log α or of the given ones."""
+        log_alpha = self.log_alpha if log_alpha is None else log_alpha
         shift = self.temperature * math.log(-self.low / self.high)
-        return torch.sigmoid(self.log_alpha - shift).clamp(EPS, 1 - EPS)
+        return torch.sigmoid(log_alpha - shift).clamp(EPS, 1 - EPS)
 
     def alive(self) -> Tensor:
         """Heads counted alive in Voita et al.'s logs: P(open) > 0.5 and a deterministic gate > 0."""

@@ -207,17 +207,25 @@ class HpruneTransformerModel(TransformerModel):
         if hasattr(self, "budget_state"):
             del self.budget_state
 
-    def gate_penalty(self, normalize: str = "sum") -> Tensor:
-        """Expected number of open gates, Σ P(gate ≠ 0): over every gated head ("sum", the paper's L_C), or the
-        mean over gated layers of each layer's sum ("layer_mean", the reference code's)."""
-        per_layer = [m.gate.p_open().sum() for _, _, m in self.gates()]
-        if not per_layer:
+    def gate_open_probabilities(self) -> Tuple[Tensor, Tensor, int]:
+        """P(gate ≠ 0) and the deterministic gate of every gated head, concatenated over the gated modules, and
+        the number of those modules. One computation for all (add_gate gives every gate the same β, l, r): per
+        module, a training step's small ops cost more than the gates themselves."""
+        gates = [m.gate for _, _, m in self.gates()]
+        if not gates:
             raise ValueError("the model has no head gates (--head-gates)")
-        total = torch.stack(per_layer).sum()
+        log_alpha = torch.cat([gate.log_alpha for gate in gates])
+        return gates[0].p_open(log_alpha), gates[0].deterministic(log_alpha.detach()), len(gates)
+
+    def gate_penalty(self, normalize: str = "sum", open_probabilities=None) -> Tensor:
+        """Expected number of open gates, Σ P(gate ≠ 0): over every gated head ("sum", the paper's L_C), or the
+        mean over gated layers of each layer's sum ("layer_mean", the reference code's). open_probabilities:
+        gate_open_probabilities(), when the caller has it already."""
+        p_open, _, layers = open_probabilities or self.gate_open_probabilities()
         if normalize == "sum":
-            return total
+            return p_open.sum()
         if normalize == "layer_mean":
-            return total / len(per_layer)
+            return p_open.sum() / layers
         raise ValueError(f"unknown L0 normalisation '{normalize}'; use sum or layer_mean")
 
     def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
