@@ -80,7 +80,7 @@ class HpruneCriterion(LabelSmoothedCrossEntropyCriterion):
         with torch.no_grad():  # tensors, not Python numbers: no host-device synchronisation per step
             p_open, kept = open_probabilities[0].detach(), open_probabilities[1] > 0
             open_heads, kept_heads = p_open.sum(), kept.sum()
-            alive_heads = ((p_open > 0.5) & kept).sum()  # as HardConcreteGate.alive()
+            alive_heads = ((p_open > 0.5) & kept).sum()  # alive as Voita et al. count heads
             multiplier = (self.l0_lambda if self.l0_budget is None
                           else self.budget_multiplier(model, kept_heads, advance=training))
         loss = loss + multiplier * model.gate_penalty(self.l0_normalize, open_probabilities) * sample_size

@@ -57,10 +57,6 @@ class HardConcreteGate(nn.Module):
         shift = self.temperature * math.log(-self.low / self.high)
         return torch.sigmoid(log_alpha - shift).clamp(EPS, 1 - EPS)
 
-    def alive(self) -> Tensor:
-        """Heads counted alive in Voita et al.'s logs: P(open) > 0.5 and a deterministic gate > 0."""
-        return (self.p_open() > 0.5) & (self.deterministic() > 0)
-
 
 class Gated:
     """Hard Concrete gates on the units of an attention module: the heads of HeadAttention, the experts of
