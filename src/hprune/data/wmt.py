@@ -80,6 +80,7 @@ def run_stage(stages: Path, name: str, inputs: dict, build: Callable[[Path], Opt
     if (final / "DONE").exists():
         log.info("%s: cached (%s)", name, final)
         return final
+    shutil.rmtree(final, ignore_errors=True)  # only a folder altered by hand lacks DONE: os.replace could not replace it
     staging = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     start = time.perf_counter()
