@@ -1,14 +1,27 @@
 """Shared fixtures: a small synthetic data set and one small trained run, built once per session."""
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
 import json
 import os
-import subprocess
+import subprocess as sp
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import pytest
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+
+# A fresh `hprune` process composes its config before it imports fairseq, whose import fills Hydra's config
+# store with fairseq's groups (model/transformer, ...). Test modules import fairseq while they are collected,
+# so in-process runs compose against the store as it was before: Hydra's plugins (launchers) registered, no
+# fairseq. Taken here, as conftest is imported before any test module.
+Plugins.instance()
+STORE_WITHOUT_FAIRSEQ = copy.deepcopy(ConfigStore.instance().repo)
 
 # sacreBLEU reads $SACREBLEU once, at import: point it at a private cache before anything imports it.
 os.environ["SACREBLEU"] = tempfile.mkdtemp(prefix="hprune-sacrebleu-")
@@ -29,24 +42,59 @@ def data_root(tmp_path_factory) -> Path:
     return root
 
 
-def hprune(*args: str, check: bool = True, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the hprune CLI as a user would."""
-    proc = subprocess.run([*HPRUNE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def hprune(*args: str, check: bool = True, timeout: float = 600, cwd: Path | None = None,
+           subprocess: bool = False) -> sp.CompletedProcess:
+    """Run the hprune CLI as a user would. By default in this process, through the console script's own entry
+    point (`hprune_cli.main.main`: override checks, the verb's Hydra app, the verb), so the fairseq import and
+    Hydra's start-up are paid once per test run; with subprocess=True (one test per verb and per class of bad
+    input, or HPRUNE_TEST_SUBPROCESS=1 for all) as its own process. `timeout` applies to subprocesses only."""
+    if subprocess or os.environ.get("HPRUNE_TEST_SUBPROCESS") == "1":
+        proc = sp.run([*HPRUNE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT,
+                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    else:
+        proc = _in_process(list(args), cwd or ROOT)
     if check and proc.returncode != 0:
         raise AssertionError(f"hprune {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 
+def _in_process(args: list[str], cwd: Path) -> sp.CompletedProcess:
+    from hprune_cli.main import main
+
+    import hprune.backend  # noqa: F401  (its snapshot of fairseq's config-store entries is taken from the full store)
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, here = sys.argv, os.getcwd()
+    store = ConfigStore.instance()
+    full_repo, store.repo = store.repo, copy.deepcopy(STORE_WITHOUT_FAIRSEQ)
+    code = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(args)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+                if not isinstance(exit_.code, (int, type(None))):
+                    print(exit_.code, file=sys.stderr)
+            except Exception:  # as the interpreter would: a traceback on stderr, exit 1
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv, store.repo = argv, full_repo
+        os.chdir(here)
+    return sp.CompletedProcess(["hprune", *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("train") / "run"
-    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN)
+    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN, subprocess=True)  # the train verb as its own process
     return run
 
 
 @pytest.fixture(scope="session")
 def evaluated_run(trained_run, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("eval") / "run"
-    hprune("eval", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu")
+    hprune("eval", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", subprocess=True)
     return out, json.loads((out / "metrics.json").read_text())

@@ -20,7 +20,7 @@ def test_roles_table_summary_and_a_direct_check(trained_run, evaluated_run, tmp_
     mask = {kind: [[1, 0, 1, 1]] * 3 for kind in ("enc-self", "dec-self", "dec-enc")}
     (tmp_path / "mask.json").write_text(json.dumps(mask))
     hprune("analyze", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
-           f"mask={tmp_path / 'mask.json'}")
+           f"mask={tmp_path / 'mask.json'}", subprocess=True)  # the analyze verb as its own process
     roles = pd.read_csv(out / "head_roles.csv")
     assert len(roles) == 36 and roles["confidence"].between(0, 1).all()
     enc = roles[roles["type"] == "enc-self"]

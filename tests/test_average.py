@@ -5,7 +5,7 @@ import torch
 pytest.importorskip("fairseq")
 from hprune import backend  # noqa: E402
 from hprune.errors import UserError  # noqa: E402
-from hprune.runner.evaluate import resolve_checkpoint  # noqa: E402
+from hprune.session import resolve_checkpoint  # noqa: E402
 
 
 def save(path, weight, steps):

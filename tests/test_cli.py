@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
+import subprocess as sp
 import sys
 import time
 from pathlib import Path
@@ -13,7 +13,7 @@ import torch
 from conftest import HPRUNE, SMALL_DATA, hprune
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> str:
+def assert_one_line_error(proc: sp.CompletedProcess, *expected: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr + proc.stdout
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hprune") and "error:" in line]
@@ -26,7 +26,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> 
 def test_help_lists_verbs_quickly():
     hprune("--help")  # warm the file cache
     started = time.perf_counter()
-    proc = subprocess.run([str(Path(sys.executable).parent / "hprune"), "--help"], capture_output=True, text=True)
+    proc = sp.run([str(Path(sys.executable).parent / "hprune"), "--help"], capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     assert proc.returncode == 0
     for verb in ("train", "eval", "data", "prune", "report"):
@@ -43,7 +43,7 @@ def test_verb_help_is_hydras():
 
 
 def test_unknown_verb():
-    assert_one_line_error(hprune("trian", check=False), "unknown verb 'trian'", "train, eval, data")
+    assert_one_line_error(hprune("trian", check=False, subprocess=True), "unknown verb 'trian'", "train, eval, data")
 
 
 def test_report_without_folders():
@@ -51,7 +51,7 @@ def test_report_without_folders():
 
 
 def test_unknown_group_option_lists_valid_ones():
-    assert_one_line_error(hprune("train", "model=transformer_huge", check=False),
+    assert_one_line_error(hprune("train", "model=transformer_huge", check=False, subprocess=True),
                           "unknown model 'transformer_huge'", "transformer_base, transformer_big, transformer_tiny")
     assert_one_line_error(hprune("train", "-m", "model=transformer_tiny,nope", check=False), "unknown model 'nope'")
 
@@ -68,15 +68,17 @@ def test_unknown_data_action():
     assert_one_line_error(hprune("data", "fetch", check=False), "unknown action 'fetch'", "prepare")
 
 
-def eval_error(ckpt: Path, tmp_path: Path, *extra: str, data=SMALL_DATA) -> subprocess.CompletedProcess:
+def eval_error(ckpt: Path, tmp_path: Path, *extra: str, data=SMALL_DATA, subprocess: bool = False
+               ) -> sp.CompletedProcess:
     out = tmp_path / "eval"
-    proc = hprune("eval", f"ckpt={ckpt}", f"hydra.run.dir={out}", *data, "device=cpu", *extra, check=False)
+    proc = hprune("eval", f"ckpt={ckpt}", f"hydra.run.dir={out}", *data, "device=cpu", *extra, check=False,
+                  subprocess=subprocess)
     assert not (out / "metrics.json").exists() and not list(out.glob("hypotheses*"))
     return proc
 
 
 def test_missing_checkpoint(tmp_path):
-    assert_one_line_error(eval_error(tmp_path / "nope.pt", tmp_path), "does not exist")
+    assert_one_line_error(eval_error(tmp_path / "nope.pt", tmp_path, subprocess=True), "does not exist")
 
 
 def test_truncated_checkpoint(trained_run, tmp_path):
@@ -151,15 +153,15 @@ def test_bad_device_or_precision(trained_run, tmp_path, bad):
 def test_shell_completion_routes_to_the_verb():
     import os
     env = {**os.environ, "COMP_LINE": "hprune tr", "COMP_POINT": "9"}
-    proc = subprocess.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
+    proc = sp.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
     assert proc.stdout.split() == ["train"]
     env.update(COMP_LINE="hprune train mod", COMP_POINT="16")
-    proc = subprocess.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
+    proc = sp.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
     assert "model=" in proc.stdout.split(), proc.stdout + proc.stderr
     env.update(COMP_LINE="hprune train model=transformer_b", COMP_POINT="31")
-    proc = subprocess.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
+    proc = sp.run([*HPRUNE, "-sc", "query=bash"], capture_output=True, text=True, env=env)
     assert "model=transformer_base" in proc.stdout.split(), proc.stdout + proc.stderr
-    proc = subprocess.run([*HPRUNE, "-sc", "install=bash"], capture_output=True, text=True)
+    proc = sp.run([*HPRUNE, "-sc", "install=bash"], capture_output=True, text=True)
     assert "complete -o nospace -o default -F hydra_bash_completion hprune" in proc.stdout
 
 
@@ -179,3 +181,26 @@ def test_half_precision_training_needs_cuda(tmp_path):
     proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_DATA, "device=cpu", "precision=bf16", check=False)
     assert_one_line_error(proc, "precision=bf16 needs a CUDA device for training")
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_eval_without_a_checkpoint_names_the_setting(tmp_path):
+    """A mandatory value left out is one line naming it and an example (the verb wrapper), not Hydra's hint."""
+    proc = hprune("eval", f"hydra.run.dir={tmp_path}", "device=cpu", check=False, subprocess=True)
+    assert_one_line_error(proc, "which model? pass ckpt=")
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_bad_beam_is_refused_before_any_translation(trained_run, tmp_path):
+    assert_one_line_error(eval_error(trained_run, tmp_path, "generation.beam=0"), "generation.beam=0 must be a whole number >= 1")
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["data.params.n_train=0"], "data.params.n_train=0 must be a whole number >= 1"),
+    (["model.encoder_layers=-1"], "model.encoder_layers=-1 must be a positive whole number"),
+    (["optim.max_update=0"], "optim.max_update=0 is not a positive number of updates (fairseq would read 0 as 'no limit'"),
+    (["optim.max_update=null"], "optim.max_update and optim.max_epoch are both null"),
+])
+def test_bad_training_settings_are_refused_before_training(tmp_path, extra, expected):
+    proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_DATA, "device=cpu", *extra, check=False)
+    assert_one_line_error(proc, expected)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()

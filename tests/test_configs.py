@@ -72,3 +72,19 @@ def test_baseline_methods_inherit_the_michel_settings(method):
     assert other.prune.method == method and other.prune.step_pct == 5
     assert {k: v for k, v in other.prune.items() if k not in ("method", "step_pct")} == \
            {k: v for k, v in michel.prune.items() if k not in ("method", "step_pct")}
+
+
+def test_every_prune_config_names_a_registered_method_and_back():
+    """One name per method: configs/prune/<name>.yaml says `method: <name>`, and the registry holds exactly those."""
+    pytest.importorskip("fairseq")
+    from omegaconf import OmegaConf
+
+    from hprune.errors import UserError
+    from hprune.pruning.methods import get_method, method_names
+    configs = {path.stem: OmegaConf.load(path).method for path in (CONFIG_DIR / "prune").glob("*.yaml")}
+    assert all(stem == method for stem, method in configs.items()), configs
+    assert sorted(configs) == sorted(method_names())
+    assert method_names(trains=True) == ["voita"] and "voita" not in method_names(trains=False)
+    assert get_method("confidence").needs_head_maps and not get_method("michel").needs_head_maps
+    with pytest.raises(UserError, match="unknown pruning method 'taylor'; choose from"):
+        get_method("taylor")

@@ -76,8 +76,8 @@ def test_voita_gates_on_experts_fold_into_the_same_translations_and_export(moa_r
 
 @pytest.mark.parametrize("extra, expected", [
     (["model.moa_top_k=9"], "model.moa_top_k=9 must be between 1 and model.moa_experts=8"),
-    (["model.moa_types=[enc-self,cross]"], "(cross unknown)"),
-    (["model.moa_types=[]"], "needs one or more of enc-self"),
+    (["model.moa_types=[enc-self,cross]"], "unknown attention type(s) ['cross']"),
+    (["model.moa_types=[]"], "names no attention type"),
     (["model.moa_head_dim=0"], "model.moa_head_dim=0 must be a positive"),
     (["optim.criterion=label_smoothed_cross_entropy"], "would drop MoA's auxiliary losses"),
     (["model.moa_types=[dec-enc]", "model.encoder_attention_heads=5"],

@@ -20,7 +20,7 @@ def pruned_run(trained_run, tmp_path_factory):
     started = time.perf_counter()
     proc = hprune("prune", "--method", "michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA,
                   "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random,confidence,magnitude]",
-                  "prune.export=true")
+                  "prune.export=true", subprocess=True)  # the prune verb as its own process
     return out, time.perf_counter() - started, proc.stdout
 
 

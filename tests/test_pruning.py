@@ -221,3 +221,29 @@ def test_reestimated_importance_sees_the_current_mask(loaded):
     loaded.model.set_head_mask(None)
     unmasked = scores.michel(loaded.model, criterion, [sample], pad)[0]
     assert not np.allclose(unmasked["importance"], rounds[0]["importance"])
+
+
+def test_exported_model_scripts_with_torchscript_and_translates_the_same(loaded, tmp_path, evaluated_run):
+    """Deployment pipelines script fairseq models: a physically pruned hprune model scripts as a stock fairseq
+    transformer does, and the scripted model (alone, and inside a scripted SequenceGenerator, incremental
+    decoding included) computes what the eager one does."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from hprune import backend
+    mask = mask_without(loaded.model, {("enc-self", 1, 0), ("dec-self", 0, 3), ("dec-enc", 2, 1), ("dec-enc", 2, 2)})
+    path = tmp_path / "pruned.pt"
+    backend.export_pruned(loaded, kept_ids(mask), path)
+    pruned = backend.load_model(path, Path(evaluated_run[1]["data_bin"])).model
+    scripted = torch.jit.script(pruned)
+    sample = first_batch(loaded, "test")
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(**sample["net_input"])[0], pruned(**sample["net_input"])[0],
+                                   atol=1e-5, rtol=0)
+    dictionary = loaded.task.target_dictionary
+    eager_search = SequenceGenerator([pruned], dictionary, beam_size=3, max_len_b=20)
+    scripted_search = torch.jit.script(SequenceGenerator([pruned], dictionary, beam_size=3, max_len_b=20))
+    net_input = {"net_input": {key: sample["net_input"][key] for key in ("src_tokens", "src_lengths")}}
+    with torch.no_grad():
+        eager = eager_search.generate([pruned], net_input)
+        jit = scripted_search(net_input)
+    assert [h[0]["tokens"].tolist() for h in jit] == [h[0]["tokens"].tolist() for h in eager]

@@ -98,7 +98,7 @@ def test_incompatible_runs_and_unknown_columns_are_refused(tmp_path):
 def test_report_cli_writes_tables_plots_and_lists_incomplete_runs(tmp_path):
     study(tmp_path / "runs")
     out = tmp_path / "report"
-    proc = hprune("report", str(tmp_path / "runs"), f"hydra.run.dir={out}")
+    proc = hprune("report", str(tmp_path / "runs"), f"hydra.run.dir={out}", subprocess=True)
     assert "| michel |" in proc.stdout and "incomplete runs (1): runs/sweep/3" in proc.stdout
     for name in ("comparison", "lambda", "moa", "runs"):
         for fmt in ("csv", "md", "tex"):

@@ -15,7 +15,8 @@ from conftest import HPRUNE, ROOT, SMALL_DATA, SMALL_TRAIN, hprune
 def test_parallel_sweep_rows_arrive_intact_and_a_killed_job_is_listed(trained_run, tmp_path):
     parallel = tmp_path / "parallel"
     hprune("eval", "-m", f"ckpt={trained_run}", *SMALL_DATA, "device=cpu", "hydra/launcher=local",
-           "hydra.launcher.n_jobs=2", "generation.beam=1,2,3,4", f"hydra.sweep.dir={parallel}")
+           "hydra.launcher.n_jobs=2", "generation.beam=1,2,3,4", f"hydra.sweep.dir={parallel}",
+           subprocess=True)  # joblib's worker processes
     jobs = {str(i): json.loads((parallel / str(i) / "metrics.json").read_text()) for i in range(4)}
 
     killed = tmp_path / "killed"
@@ -46,7 +47,7 @@ def test_submitit_runs_sweep_jobs_as_on_slurm(trained_run, tmp_path):
     """submitit's local executor pickles and runs the jobs as its SLURM executor does (no cluster needed)."""
     sweep = tmp_path / "submitit"
     hprune("eval", "-m", f"ckpt={trained_run}", *SMALL_DATA, "device=cpu", "hydra/launcher=submitit_local",
-           "generation.beam=1,2", f"hydra.sweep.dir={sweep}")
+           "generation.beam=1,2", f"hydra.sweep.dir={sweep}", subprocess=True)  # submitit's job processes
     table = pd.read_csv(sweep / "sweep.csv")
     assert table["generation.beam"].tolist() == [1, 2]
     assert table["bleu"].tolist() == [json.loads((sweep / str(i) / "metrics.json").read_text())["bleu"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import HPRUNE, ROOT, SMALL_TRAIN, hprune
+from conftest import HPRUNE, ROOT, SMALL_DATA, SMALL_TRAIN, hprune
 
 pytest.importorskip("fairseq")
 
@@ -86,13 +86,13 @@ def test_truncated_last_checkpoint_falls_back_to_the_interval_checkpoint(trained
     """A kill during fairseq's copy to checkpoint_last.pt leaves it truncated; training still resumes."""
     import shutil
 
-    from hprune.backend import _repair_resume_point
+    from hprune.backend import repair_resume_point
     save = tmp_path / "checkpoints"
     shutil.copytree(trained_run / "checkpoints", save)
     last = save / "checkpoint_last.pt"
     last.write_bytes(last.read_bytes()[:1000])
     (save / "checkpoint_9_99.pt.tmp").write_bytes(b"partial")
-    _repair_resume_point(save)
+    repair_resume_point(save)
     interval = next(save.glob("checkpoint_*_*.pt"))
     assert last.read_bytes() == interval.read_bytes()
     assert not list(save.glob("*.tmp"))
@@ -133,3 +133,46 @@ def test_model_head_mask_in_the_shared_schema(trained_run, evaluated_run):
     assert not torch.allclose(logits(), reference)
     model.set_head_mask(None)
     torch.testing.assert_close(logits(), reference, atol=0, rtol=0)
+
+
+def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trained_run, evaluated_run, tmp_path):
+    """`hprune eval mask=head_mask.json` translates as the model with those heads masked does (no export); the
+    session's evaluation under a mask puts the previous mask back; a mask of another shape is one line."""
+    from omegaconf import OmegaConf
+
+    from hprune.pruning.heads import mask_without
+    from hprune.session import Session
+    from test_cli import assert_one_line_error
+    _, unmasked = evaluated_run
+    data = {"name": "toy", "tgt_lang": "tgt", "post_process": None, "tokenizer": None}
+    cfg = OmegaConf.create({"ckpt": str(trained_run), "data": data, "device": "cpu", "precision": "fp32",
+                            "split": "test", "seed": 1, "loss_split": "valid",
+                            "generation": {"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1,
+                                           "batch_size": 128, "max_tokens": None}})
+    loaded = backend_load(trained_run, Path(unmasked["data_bin"]))
+    session = Session(cfg, loaded, Path(unmasked["data_bin"]))
+    mask = mask_without(session.model, {("enc-self", 0, 1), ("dec-enc", 1, 0), ("dec-enc", 1, 3), ("dec-self", 2, 2)})
+    (tmp_path / "head_mask.json").write_text(json.dumps(mask))
+    out = tmp_path / "eval"
+    hprune("eval", f"ckpt={trained_run}", f"mask={tmp_path / 'head_mask.json'}", f"hydra.run.dir={out}",
+           *SMALL_DATA, "device=cpu")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["kept_enc_self"], metrics["kept_dec_self"], metrics["kept_dec_enc"]) == (11, 11, 10)
+    assert metrics["mask"] == str(tmp_path / "head_mask.json")
+    ones = mask_without(session.model, ())
+    session.set_mask(ones)
+    result = session.evaluate(mask, max_tokens=2000)
+    assert result["bleu"] == metrics["bleu"] != unmasked["bleu"]
+    assert result["hypotheses"] == (out / "hypotheses.test.txt").read_text().splitlines()
+    assert session._mask is ones  # evaluate put the previous mask back
+    assert session.evaluate(None, max_tokens=2000)["bleu"] == unmasked["bleu"]
+    (tmp_path / "wrong.json").write_text(json.dumps({"enc-self": [[1, 1]]}))
+    proc = hprune("eval", f"ckpt={trained_run}", f"mask={tmp_path / 'wrong.json'}", f"hydra.run.dir={tmp_path / 'bad'}",
+                  *SMALL_DATA, "device=cpu", check=False)
+    assert_one_line_error(proc, "does not fit this model")
+    assert not (tmp_path / "bad" / "metrics.json").exists()
+
+
+def backend_load(trained_run, data_bin):
+    from hprune.backend import load_model
+    return load_model(trained_run / "checkpoints" / "checkpoint_best.pt", data_bin)

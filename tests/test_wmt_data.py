@@ -136,7 +136,8 @@ def test_prepare_end_to_end_then_cached_then_partly_rebuilt(tmp_path, sacrebleu_
     with FixtureServer(ARCHIVES) as server:
         server.cut_once.add("training-parallel-commoncrawl.tgz")
         overrides = source_overrides(server.url, ARCHIVES)
-        first = hprune("data", "prepare", *SMALL, *overrides, env_root, f"hydra.run.dir={tmp_path / 'run1'}")
+        first = hprune("data", "prepare", *SMALL, *overrides, env_root, f"hydra.run.dir={tmp_path / 'run1'}",
+                       subprocess=True)  # the data verb as its own process
         assert ("training-parallel-commoncrawl.tgz", None) in server.requests
         assert any(r[0] == "training-parallel-commoncrawl.tgz" and r[1] for r in server.requests)  # resumed
         n_requests = len(server.requests)

@@ -14,7 +14,7 @@ import tempfile
 
 from common import BIN, config, floats, prepared_data, run
 
-from hprune.backend import PLUGIN_DIR, _flags
+from hprune.backend import PLUGIN_DIR, flags
 
 UPDATES, INTERVAL, ROUNDS = 80, 10, 4  # 4 alternating rounds: 2 left the ratio 0.93 to 1.05 run to run
 
@@ -23,7 +23,7 @@ def main() -> None:
     cfg = config("train", ["device=cpu"] + sys.argv[1:])
     data = prepared_data(cfg)
     common = [str(data), "--task", "translation", "--source-lang", cfg.data.src_lang, "--target-lang",
-              cfg.data.tgt_lang, *_flags(cfg.model, skip=("arch",)), *_flags(cfg.optim, skip=("max_update", "criterion")),
+              cfg.data.tgt_lang, *flags(cfg.model, skip=("arch",)), *flags(cfg.optim, skip=("max_update", "criterion")),
               "--max-update", str(UPDATES), "--no-save", "--disable-validation", "--cpu", "--num-workers", "0",
               "--log-format", "simple", "--log-interval", str(INTERVAL), "--seed", "1"]
     ours = ["--user-dir", PLUGIN_DIR, "--arch", cfg.model.arch, "--criterion", "hprune"]
@@ -34,8 +34,8 @@ def main() -> None:
     wps: dict[str, list[float]] = {name: [] for name in archs}  # per round: the median interval
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(ROUNDS):
-            for name, flags in archs.items():
-                log = run([str(BIN / "fairseq-train"), *common, *flags, "--save-dir", tmp])
+            for name, arch_flags in archs.items():
+                log = run([str(BIN / "fairseq-train"), *common, *arch_flags, "--save-dir", tmp])
                 intervals = floats(r"train_inner.*? wps=([\d.]+)", log)[1:]  # the first interval warms up
                 wps[name].append(statistics.median(intervals))
     for name, values in wps.items():

@@ -15,7 +15,6 @@ It never takes fairseq's fast path (`F.multi_head_attention_forward`), which wou
 and return head-averaged weights even when per-head ones are asked for.
 Parameters and state-dict keys are the stock module's, so stock weights load unchanged.
 """
-from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
@@ -24,50 +23,26 @@ import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
-from .gates import Gated, HardConcreteGate
+from .units import HeadUnits, additive_mask, cached_keys_values
 
 
-class HeadAttention(Gated, MultiheadAttention):
+class HeadAttention(HeadUnits, MultiheadAttention):
+    """head_mask: (heads present,) floats, or anything that broadcasts against (batch, heads present, tgt_len, 1);
+    head_weights (batch, heads present, tgt_len, src_len) and head_outputs (batch, heads present, tgt_len,
+    head_dim) when recorded."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.bias_k is not None or self.add_zero_attn or self.use_xformers:
             raise NotImplementedError("HeadAttention supports neither add_bias_kv, add_zero_attn nor xformers")
-        self.total_heads = self.num_heads  # before any pruning: the length of a head mask
-        self.head_ids = list(range(self.num_heads))  # original ids of the heads still present
-        # (heads present,) or anything that broadcasts against (batch, heads present, tgt_len, 1)
-        self.head_mask: Optional[Tensor] = None
-        self.gate: Optional[HardConcreteGate] = None
-        self.record_weights = self.record_outputs = False
-        self.head_weights: Optional[Tensor] = None  # (batch, heads present, tgt_len, src_len), when recorded
-        self.head_outputs: Optional[Tensor] = None  # (batch, heads present, tgt_len, head_dim), when recorded
+        self._init_units(self.num_heads)
 
-    def set_head_mask(self, mask) -> None:
-        """mask: one value per original head (total_heads), or None to keep every head present."""
-        if mask is not None:
-            mask = torch.as_tensor(mask, dtype=torch.float32, device=self.q_proj.weight.device)
-            if mask.shape != (self.total_heads,):
-                raise ValueError(f"head mask has shape {tuple(mask.shape)}, expected ({self.total_heads},)")
-            mask = mask[self.head_ids]
-        self.head_mask = mask
-
-    @torch.no_grad()
-    def fold_gate(self) -> Tensor:
-        """Remove the gate, scaling each head's out_proj columns by its deterministic gate value, so the module
-        computes exactly what the gated module computed at test time. Returns the gate values folded in."""
-        values = self.gate.deterministic()
+    def _fold(self, values: Tensor) -> None:
+        """Each head's out_proj columns scaled by its gate value."""
         self.out_proj.weight.mul_(values.repeat_interleave(self.head_dim).to(self.out_proj.weight.dtype))
-        self.gate = None
-        return values
 
-    @torch.no_grad()
-    def prune_heads(self, keep_ids) -> None:
-        """Physically keep only the heads whose original ids are in keep_ids (numerically the same as masking
-        the others): q/k/v rows and out_proj columns are sliced, out_proj's bias stays."""
-        unknown = set(keep_ids) - set(self.head_ids)
-        if unknown:
-            raise ValueError(f"heads {sorted(unknown)} are not present (present: {self.head_ids})")
-        keep = set(keep_ids)
-        local = [i for i, h in enumerate(self.head_ids) if h in keep]
+    def _keep_units(self, local) -> None:
+        """q/k/v rows and out_proj columns of the kept heads are sliced out; out_proj's bias stays."""
         rows = torch.tensor([i * self.head_dim + d for i in local for d in range(self.head_dim)], dtype=torch.long,
                             device=self.q_proj.weight.device)
         for proj in (self.q_proj, self.k_proj, self.v_proj):
@@ -77,10 +52,6 @@ class HeadAttention(Gated, MultiheadAttention):
             proj.out_features = len(rows)
         self.out_proj.weight = torch.nn.Parameter(self.out_proj.weight.index_select(1, rows))
         self.out_proj.in_features = len(rows)
-        if self.head_mask is not None and self.head_mask.dim() == 1:
-            self.head_mask = self.head_mask[local]
-        self.keep_gates(local)
-        self.head_ids = [self.head_ids[i] for i in local]
         self.num_heads = len(local)
 
     def _heads(self, x: Tensor) -> Tensor:
@@ -114,28 +85,22 @@ class HeadAttention(Gated, MultiheadAttention):
             key = value = None  # encoder keys/values were cached at the first step
 
         q = self._heads(self.q_proj(query))
-        k = v = None
+        k: Optional[Tensor] = None
+        v: Optional[Tensor] = None
         if self.self_attention:
             k, v = self._heads(self.k_proj(query)), self._heads(self.v_proj(query))
         elif key is not None:
             if self.encoder_decoder_attention:
-                value = key
                 if self.beam_size > 1 and bsz == key.size(1):  # beams share one copy of the encoder states
-                    key = value = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
+                    key = key.view(key.size(0), -1, self.beam_size, key.size(2))[:, :, 0, :]
                     if key_padding_mask is not None:
                         key_padding_mask = key_padding_mask.view(-1, self.beam_size, key_padding_mask.size(1))[:, 0]
+                value = key
+            assert value is not None
             k, v = self._heads(self.k_proj(key)), self._heads(self.v_proj(value))
 
         if saved_state is not None:  # cached as (batch, heads, len, head_dim), the stock layout
-            if "prev_key" in saved_state:
-                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
-                k = prev_k if static_kv else torch.cat([prev_k, k], dim=2)
-                v = prev_v if static_kv else torch.cat([prev_v, v], dim=2)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                batch_size=k.size(0), src_len=k.size(2), static_kv=static_kv)
-            saved_state.update(prev_key=k, prev_value=v, prev_key_padding_mask=key_padding_mask)
+            k, v, key_padding_mask = cached_keys_values(saved_state, k, v, key_padding_mask, static_kv, time_dim=2)
             self._set_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
         kv_bsz, src_len = k.size(0), k.size(2)
@@ -143,16 +108,10 @@ class HeadAttention(Gated, MultiheadAttention):
         if beams > 1:  # fold the beams into the query length: (kv_bsz, H, beams*tgt_len, D)
             q = q.reshape(kv_bsz, beams, H, tgt_len, D).transpose(1, 2).reshape(kv_bsz, H, beams * tgt_len, D)
 
-        mask = None  # additive, broadcast to (kv_bsz, H, q_len, src_len)
-        if attn_mask is not None:
-            mask = attn_mask.to(q.dtype)
-        if key_padding_mask is not None and key_padding_mask.dim() == 2:
-            padding = torch.zeros(kv_bsz, 1, 1, src_len, dtype=q.dtype, device=q.device)
-            padding = padding.masked_fill(key_padding_mask.view(kv_bsz, 1, 1, src_len).bool(), float("-inf"))
-            mask = padding if mask is None else mask + padding
+        mask = additive_mask(attn_mask, key_padding_mask, kv_bsz, src_len, q)  # (kv_bsz, H, q_len, src_len)
 
         dropout_p = self.dropout_module.p if (self.training or self.dropout_module.apply_during_inference) else 0.0
-        weights = None
+        weights: Optional[Tensor] = None
         if need_weights or self.record_weights:
             scores = torch.matmul(q * self.scaling, k.transpose(-1, -2))
             if mask is not None:
@@ -170,13 +129,13 @@ class HeadAttention(Gated, MultiheadAttention):
         if self.head_mask is not None:
             mask = self.head_mask.to(context.dtype)
             context = context * (mask.view(1, H, 1, 1) if mask.dim() == 1 else mask)
-        gate = None if self.gate is None else self.gate().to(context.dtype)
-        if gate is not None and self.record_outputs:  # the recorded head outputs are the gated ones
-            context, gate = context * gate.view(1, H, 1, 1), None
-        if self.record_weights:
-            self.head_weights = weights
-        if self.record_outputs:
-            self.head_outputs = context
+        gate: Optional[Tensor] = None
+        if self.gate is not None:
+            gate = self.gate().to(context.dtype)
+        if self.record_weights or self.record_outputs:
+            if gate is not None and self.record_outputs:  # the recorded head outputs are the gated ones
+                context, gate = context * gate.view(1, H, 1, 1), None
+            self._record(weights, context)
 
         context = context.permute(2, 0, 1, 3).reshape(tgt_len, bsz, H * D)
         if gate is None:
@@ -185,8 +144,16 @@ class HeadAttention(Gated, MultiheadAttention):
             # a d x H·D weight instead of every token's activations (forward and backward: 5 % of a CPU step)
             weight = self.out_proj.weight * gate.repeat_interleave(D).view(1, H * D)
             out = F.linear(context, weight, self.out_proj.bias)
-        if not need_weights:
+        if not need_weights or weights is None:
             return out, None
         # stock layout: (heads, batch, tgt, src) per head, else the mean over heads (batch, tgt, src)
         weights = weights.float().transpose(0, 1)
         return out, (weights if need_head_weights else weights.mean(dim=0))
+
+    @torch.jit.unused
+    def _record(self, weights: Optional[Tensor], context: Tensor) -> None:
+        """Keep this call's per-head weights and outputs (analysis and importance only: not in a scripted model)."""
+        if self.record_weights:
+            self.head_weights = weights
+        if self.record_outputs:
+            self.head_outputs = context

@@ -63,8 +63,6 @@ class Gated:
     MoAAttention. `gate` is None, or one gate per unit present (`num_heads` of them); its log α is
     `<module>.gate.log_alpha`."""
 
-    gate: Optional[HardConcreteGate]
-
     def add_gate(self, init: Optional[float] = None) -> None:
         device = next(self.parameters()).device
         self.gate = HardConcreteGate(self.num_heads, init=init).to(device).train(self.training)

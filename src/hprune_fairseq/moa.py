@@ -42,14 +42,13 @@ import torch
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
-from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
-from .gates import Gated
+from .units import HeadUnits, additive_mask, cached_keys_values
 
 
 @with_incremental_state
-class MoAAttention(Gated, nn.Module):
+class MoAAttention(HeadUnits, nn.Module):
     def __init__(self, embed_dim: int, num_experts: int, top_k: int, head_dim: int, kdim: Optional[int] = None,
                  vdim: Optional[int] = None, dropout: float = 0.0, self_attention: bool = False,
                  encoder_decoder_attention: bool = False, renormalize: bool = False, switch_loss: float = 0.01,
@@ -72,20 +71,14 @@ class MoAAttention(Gated, nn.Module):
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.reset_parameters()
 
-        self.total_heads = num_experts  # before any pruning: the length of an expert mask
-        self.head_ids = list(range(num_experts))  # original ids of the experts still present
-        self.head_mask: Optional[Tensor] = None  # (experts present,) booleans; None: all experts routable
-        self.gate = None  # Voita et al.'s Hard Concrete gates, one per expert (add_gate)
+        self._init_units(num_experts)  # head_mask: (experts present,) booleans; None: all experts routable
         self.query_padding_mask: Optional[Tensor] = None  # (batch, len), set by the encoder/decoder per forward
         self.aux_loss: Optional[Tensor] = None  # this layer's weighted auxiliary loss, from the last forward
         self.record_routing = False
         # Michel importance on experts: with record_outputs, each expert's contribution at each token is scaled
         # by a recorded all-ones tensor, so its gradient is ⟨expert output, ∂L/∂expert output⟩ (zero where the
-        # expert was not routed); shaped (batch, experts present, len, 1) like HeadAttention's head outputs
-        self.record_outputs = False
-        self.head_outputs: Optional[Tensor] = None
-        self.record_weights = False  # per-expert attention maps are not kept (no head roles for MoA)
-        self.head_weights = None
+        # expert was not routed); shaped (batch, experts present, len, 1) like HeadAttention's head outputs.
+        # Per-expert attention maps are not kept (head_weights stays None: no head roles for MoA).
         self.routing: Optional[Dict[str, Tensor]] = None  # accumulated statistics while record_routing
 
     def reset_parameters(self) -> None:
@@ -190,15 +183,8 @@ class MoAAttention(Gated, nn.Module):
             k, v = self.k_proj(query).transpose(0, 1), self.v_proj(query).transpose(0, 1)
         elif key is not None:
             k, v = self.k_proj(key).transpose(0, 1), self.v_proj(key if value is None else value).transpose(0, 1)
-        if saved_state is not None:
-            if "prev_key" in saved_state:
-                prev_k, prev_v = saved_state["prev_key"], saved_state["prev_value"]
-                k = prev_k if static_kv else torch.cat([prev_k, k], dim=1)
-                v = prev_v if static_kv else torch.cat([prev_v, v], dim=1)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask, prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-                batch_size=k.size(0), src_len=k.size(1), static_kv=static_kv)
-            saved_state.update(prev_key=k, prev_value=v, prev_key_padding_mask=key_padding_mask)
+        if saved_state is not None:  # cached as (batch, len, head_dim): one shared head
+            k, v, key_padding_mask = cached_keys_values(saved_state, k, v, key_padding_mask, static_kv, time_dim=1)
             self._set_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
         return k, v, key_padding_mask
@@ -207,13 +193,8 @@ class MoAAttention(Gated, nn.Module):
         """Single-head attention of the (batch, 1, tgt_len*slots, head_dim) slot queries over the shared keys and
         values: the context, and the weights when asked for (else SDPA)."""
         bsz, src_len = k.size(0), k.size(1)
-        mask = None  # additive, broadcast to (batch, 1, tgt_len*slots, src_len)
-        if attn_mask is not None:
-            mask = attn_mask.to(queries.dtype).repeat_interleave(slots, dim=0)
-        if key_padding_mask is not None:
-            padding = torch.zeros(bsz, 1, 1, src_len, dtype=queries.dtype, device=queries.device)
-            padding = padding.masked_fill(key_padding_mask.view(bsz, 1, 1, src_len).bool(), float("-inf"))
-            mask = padding if mask is None else mask + padding
+        # additive, broadcast to (batch, 1, tgt_len*slots, src_len)
+        mask = additive_mask(attn_mask, key_padding_mask, bsz, src_len, queries, repeat=slots)
         keys, values = k.unsqueeze(1).to(queries.dtype), v.unsqueeze(1).to(queries.dtype)
         if need_weights:
             scores = queries @ keys.transpose(-1, -2)
@@ -287,45 +268,22 @@ class MoAAttention(Gated, nn.Module):
         return out, attention
 
     # ------------------------------------------------------------------------------------ experts as heads
-    def set_head_mask(self, mask) -> None:
-        """mask: one value per original expert (total_heads), 0 takes the expert out of the router; None keeps
-        every expert present."""
-        if mask is not None:
-            mask = torch.as_tensor(mask, device=self.router.weight.device)
-            if mask.shape != (self.total_heads,):
-                raise ValueError(f"expert mask has shape {tuple(mask.shape)}, expected ({self.total_heads},)")
-            mask = mask[self.head_ids] != 0
-        self.head_mask = mask
+    def _unit_mask(self, values: Tensor) -> Tensor:
+        """0 takes the expert out of the router."""
+        return values != 0
 
-    @torch.no_grad()
-    def fold_gate(self) -> Tensor:
-        """Remove the gate: each expert's W_o is scaled by its deterministic gate value, and experts whose gate
-        is 0 are masked out of the router, so the module computes exactly what the gated module computed at
-        test time. Returns the gate values folded in."""
-        values = self.gate.deterministic()
+    def _fold(self, values: Tensor) -> None:
+        """Each expert's W_o scaled by its gate value; experts whose gate is 0 masked out of the router."""
         self.o_experts.mul_(values.view(-1, 1, 1).to(self.o_experts.dtype))
         self.head_mask = (values > 0) if self.head_mask is None else self.head_mask & (values > 0)
-        self.gate = None
-        return values
 
-    @torch.no_grad()
-    def prune_heads(self, keep_ids) -> None:
-        """Physically keep only the experts whose original ids are in keep_ids: their router rows, W_q and W_o.
-        Computes what masking the others computes."""
-        unknown = set(keep_ids) - set(self.head_ids)
-        if unknown:
-            raise ValueError(f"experts {sorted(unknown)} are not present (present: {self.head_ids})")
-        keep = set(keep_ids)
-        local = [i for i, e in enumerate(self.head_ids) if e in keep]
+    def _keep_units(self, local) -> None:
+        """The kept experts' router rows, W_q and W_o."""
         index = torch.tensor(local, dtype=torch.long, device=self.router.weight.device)
         self.q_experts = nn.Parameter(self.q_experts.index_select(0, index))
         self.o_experts = nn.Parameter(self.o_experts.index_select(0, index))
         self.router.weight = nn.Parameter(self.router.weight.index_select(0, index))
         self.router.out_features = len(local)
-        if self.head_mask is not None:
-            self.head_mask = self.head_mask[index]
-        self.keep_gates(local)
-        self.head_ids = [self.head_ids[i] for i in local]
 
     # ------------------------------------------------------------------------------------ incremental state
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):

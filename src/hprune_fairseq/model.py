@@ -31,10 +31,10 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 
+from hprune.attention_types import ATTENTION_TYPES, check_attention_types
+
 from .attention import HeadAttention
 from .moa import MoAAttention
-
-ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
 
 
 def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
@@ -78,6 +78,16 @@ def _wrap(layer, cfg):
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
 
 
+class HeadEncoder(TransformerEncoderBase):
+    def build_encoder_layer(self, cfg):
+        return _wrap(HeadEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+
+
+class HeadDecoder(TransformerDecoderBase):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap(HeadDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
 def _set_query_padding(owner: torch.nn.Module, tokens: Tensor, pad: int) -> None:
     """MoA routes real tokens only. fairseq gives attention layers the key padding only, so the encoder and
     decoder hand their MoA layers the query side before each forward."""
@@ -88,19 +98,15 @@ def _set_query_padding(owner: torch.nn.Module, tokens: Tensor, pad: int) -> None
         module.query_padding_mask = padding
 
 
-class HeadEncoder(TransformerEncoderBase):
-    def build_encoder_layer(self, cfg):
-        return _wrap(HeadEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+class MoAEncoder(HeadEncoder):
+    """An encoder with MoA layers (they need the query padding; not scriptable, unlike the dense model)."""
 
     def forward_scriptable(self, src_tokens, *args, **kwargs):
         _set_query_padding(self, src_tokens, self.padding_idx)
         return super().forward_scriptable(src_tokens, *args, **kwargs)
 
 
-class HeadDecoder(TransformerDecoderBase):
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap(HeadDecoderLayer(cfg, no_encoder_attn), cfg)
-
+class MoADecoder(HeadDecoder):
     def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs):
         tokens = prev_output_tokens[:, -1:] if incremental_state is not None else prev_output_tokens
         _set_query_padding(self, tokens, self.padding_idx)
@@ -139,14 +145,16 @@ class HpruneTransformerModel(TransformerModel):
                     p.requires_grad_(False)
         return model
 
+    encoder_class, decoder_class = HeadEncoder, HeadDecoder
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return HeadEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+        return cls.encoder_class(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return HeadDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def attention_modules(self) -> Iterator[Tuple[str, int, HeadAttention]]:
         """(attention type, layer index, module) for every attention sublayer, in a fixed order."""
@@ -177,10 +185,7 @@ class HpruneTransformerModel(TransformerModel):
         return kept
 
     def add_gates(self, types: List[str], init: Optional[float] = None) -> None:
-        unknown = set(types) - set(ATTENTION_TYPES)
-        if unknown:
-            raise ValueError(f"unknown attention type(s) {sorted(unknown)} for --head-gates; "
-                             f"choose from {', '.join(ATTENTION_TYPES)}")
+        types = check_attention_types(types, "--head-gates", "enc-self")
         for kind, _, module in self.attention_modules():
             if kind in types:
                 module.add_gate(init)
@@ -250,6 +255,8 @@ class HpruneMoAModel(HpruneTransformerModel):
     """hprune_transformer whose attention sublayers of `--moa-types` are mixtures of attention experts
     (moa.MoAAttention); the other sublayers keep their fairseq heads."""
 
+    encoder_class, decoder_class = MoAEncoder, MoADecoder
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -267,10 +274,7 @@ class HpruneMoAModel(HpruneTransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        types = [t for t in args.moa_types.split(",") if t]
-        unknown = set(types) - set(ATTENTION_TYPES)
-        if unknown or not types:
-            raise ValueError(f"--moa-types {args.moa_types!r}: choose one or more of {', '.join(ATTENTION_TYPES)}")
+        check_attention_types(args.moa_types, "--moa-types", "enc-self")
         return super().build_model(args, task)
 
     def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:

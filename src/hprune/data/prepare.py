@@ -32,6 +32,18 @@ def toy_params(data: DictConfig) -> ToyParams:
     if unknown:
         raise UserError(f"unknown toy data parameter(s) {sorted(unknown)}; "
                         f"valid ones: {', '.join(ToyParams.__dataclass_fields__)}")
+    least = {"n_train": 1, "n_valid": 1, "n_noun_classes": 1, "nouns_per_class": 1, "n_adjectives": 1, "n_verbs": 1,
+             "n_adverbs": 1, "n_names": 1, "name_min_count": 1}  # the others may be 0 (n_test=0: no test split)
+    for key, value in params.items():
+        if key in ("seed", "p_adverb"):
+            continue
+        if not isinstance(value, int) or value < least.get(key, 0):
+            raise UserError(f"data.params.{key}={value} must be a whole number >= {least.get(key, 0)}; "
+                            f"e.g. data.params.{key}={getattr(ToyParams, key)}")
+    if params.get("name_max_count", ToyParams.name_max_count) < params.get("name_min_count", ToyParams.name_min_count):
+        raise UserError("data.params.name_max_count must be >= data.params.name_min_count")
+    if not 0 <= params.get("p_adverb", ToyParams.p_adverb) <= 1:
+        raise UserError(f"data.params.p_adverb={params['p_adverb']} is a probability; use 0..1")
     return ToyParams(**params)
 
 

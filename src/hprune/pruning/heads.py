@@ -13,9 +13,9 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 import pandas as pd
 
+from ..attention_types import ATTENTION_TYPES
 from ..errors import UserError
 
-ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
 MICHEL_PREFIX = {"enc-self": "E", "dec-self": "D", "dec-enc": "A"}
 Head = Tuple[str, int, int]
 Mask = Dict[str, List[List[int]]]
@@ -79,14 +79,6 @@ def kept_columns(mask: Mask) -> Dict[str, int]:
 def michel_id(head: Head) -> str:
     kind, layer, h = head
     return f"{MICHEL_PREFIX[kind]}:{layer + 1}:{h + 1}"
-
-
-def check_types(types: Iterable[str]) -> List[str]:
-    types = list(types)
-    unknown = [t for t in types if t not in ATTENTION_TYPES]
-    if unknown or not types:
-        raise UserError(f"unknown attention type(s) {unknown or '[]'} in prune.types; choose from {', '.join(ATTENTION_TYPES)}")
-    return types
 
 
 def heads_to_prune(pool: int, pct: float) -> int:

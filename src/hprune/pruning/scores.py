@@ -1,4 +1,5 @@
-"""Per-head scores that order heads for pruning; a higher score means a more important head.
+"""Per-head scores that order heads for pruning; a higher score means a more important head (the math; the
+registered orders that use it are in pruning/methods/orders.py).
 
 Each function returns a DataFrame (type, layer, head, importance) over the heads the model still has.
 
@@ -20,8 +21,6 @@ import pandas as pd
 import torch
 
 from .heads import moa_layers, moa_types
-
-METHODS = ("michel", "confidence", "magnitude", "random")
 
 
 def _table(model, values: Dict[Tuple[str, int], torch.Tensor]) -> pd.DataFrame:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..pruning.heads import ATTENTION_TYPES
+from ..attention_types import ATTENTION_TYPES
 
 
 def _figure():

@@ -1,4 +1,12 @@
-"""One module per verb: a function from the composed config to a metrics dict, wrapped in a Hydra app."""
+"""One module per verb: a function from the composed config to a result dict, wrapped in a Hydra app.
+
+The wrapper (`hydra_app`) is the one place that
+  * refuses a config with a mandatory value left unset (`ckpt: ???`), in one line;
+  * turns a UserError into one line on stderr and exit 2;
+  * writes metrics.json, last and atomically: the verb's result plus the shared provenance (verb, data,
+    seed, precision, code version). A run dir without metrics.json did not finish.
+A verb never imports another verb; what they share lives in hprune.session (an opened model) and below.
+"""
 from __future__ import annotations
 
 import functools
@@ -6,23 +14,51 @@ import sys
 from typing import Callable
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
+from ..files import git_sha, run_dir, write_json
 
 CONFIG_PATH = "pkg://hprune_configs"
+# what to say when a mandatory setting is left out
+MISSING = {"ckpt": "which model? pass ckpt=<a train run dir or a .pt checkpoint>, e.g. ckpt=outputs/demo",
+           "runs": "which runs? give their folder(s): `hprune report outputs/` (or runs=[DIR,...])"}
 
 
-def hydra_app(config_name: str) -> Callable:
+def provenance(cfg: DictConfig) -> dict:
+    """The metrics.json keys every measuring verb shares (a session adds the model's: checkpoint, data_bin, ...)."""
+    keys = {"verb": cfg.verb, "git_sha": git_sha()}
+    for key in ("seed", "precision"):
+        if key in cfg:
+            keys[key] = cfg[key]
+    if cfg.get("data") is not None:
+        keys["data"] = cfg.data.name
+    return keys
+
+
+def check_missing(cfg: DictConfig) -> None:
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        key = missing[0]
+        raise UserError(MISSING.get(key, f"{key} is not set; pass {key}=<value>"))
+
+
+def hydra_app(config_name: str, writes_metrics: bool = True) -> Callable:
     """Turn `verb(cfg) -> dict` into the verb's Hydra entry point; bad input ends as one line and exit 2."""
     def decorate(verb: Callable[[DictConfig], dict]) -> Callable:
         @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=config_name)
         @functools.wraps(verb)
         def main(cfg: DictConfig):
             try:
-                return verb(cfg)
+                check_missing(cfg)
+                result = verb(cfg)
             except UserError as err:
                 print(f"hprune {cfg.verb}: error: {err}", file=sys.stderr)
                 sys.exit(2)
+            if not writes_metrics:
+                return result
+            metrics = {**provenance(cfg), **result}
+            write_json(run_dir() / "metrics.json", metrics)
+            return metrics
         return main
     return decorate

@@ -13,14 +13,12 @@ import torch
 from omegaconf import DictConfig
 
 from ..analysis.roles import RoleStats
-from ..data.prepare import prepare
 from ..errors import UserError
-from ..files import git_sha, run_dir, write_atomic, write_json
+from ..files import run_dir, write_atomic
 from ..pruning import scores
-from ..pruning.heads import layout, moa_types, read_mask
+from ..pruning.heads import moa_types
 from ..reporting import plots
 from . import hydra_app
-from .evaluate import resolve_checkpoint
 
 ROLES = ("positional", "syntactic", "rare")
 
@@ -36,15 +34,13 @@ def read_arcs(path: Path) -> list:
 
 
 def run(cfg: DictConfig) -> dict:
-    from .. import backend
+    from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
-    ckpt = resolve_checkpoint(cfg.ckpt)
-    data_bin = prepare(cfg.data, cfg.paths.data_root)
-    loaded = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
-    model, dictionary = loaded.model, loaded.task.source_dictionary
-    arcs = read_arcs(Path(cfg.arcs) if cfg.arcs else data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl")
-    mask = read_mask(cfg.mask, layout(model)) if cfg.mask else None
-    pad, eos = dictionary.pad(), dictionary.eos()
+    session = Session.open(cfg)
+    model = session.model
+    arcs = read_arcs(Path(cfg.arcs) if cfg.arcs else session.data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl")
+    mask = session.read_mask(cfg.mask) if cfg.mask else None
+    pad, eos = session.pad, session.eos
 
     if "enc-self" in moa_types(model):
         raise UserError("head roles need per-head attention maps; this model's encoder self-attention is a MoA "
@@ -54,13 +50,13 @@ def run(cfg: DictConfig) -> dict:
     skipped_arcs = 0
     model.record_heads(weights=True)
     with torch.no_grad():
-        for sample in backend.batches(loaded, cfg.split, cfg.max_tokens):
+        for sample in session.batches(cfg.split, cfg.max_tokens):
             model.encoder(sample["net_input"]["src_tokens"], src_lengths=sample["net_input"]["src_lengths"])
             for b, sentence_id in enumerate(sample["id"].tolist()):
                 tokens = sample["net_input"]["src_tokens"][b]
                 real = tokens.ne(pad).nonzero().squeeze(1)  # left-padded: the sentence, then EOS
                 words = tokens[real[:-1]].tolist()
-                rarest = min(range(len(words)), key=lambda i: (dictionary.count[words[i]], i)) if words else 0
+                rarest = min(range(len(words)), key=lambda i: (session.source_count(words[i]), i)) if words else 0
                 sentence_arcs = arcs[sentence_id] if sentence_id < len(arcs) else []
                 if any(max(h, d) >= len(words) for _, h, d in sentence_arcs):  # subword tokens: arcs do not align
                     skipped_arcs, sentence_arcs = skipped_arcs + 1, []
@@ -72,7 +68,7 @@ def run(cfg: DictConfig) -> dict:
     roles = pd.concat([stats[layer].table().assign(type="enc-self", layer=layer) for layer, _ in encoder])
     roles["head"] = [m.head_ids[h] for layer, m in encoder for h in range(m.num_heads)]
     roles["rare"] = roles["rare_token"] >= cfg.rare_min_share
-    confidence = scores.confidence(model, backend.batches(loaded, cfg.split, cfg.max_tokens), pad, eos)
+    confidence = scores.confidence(model, session.batches(cfg.split, cfg.max_tokens), pad, eos)
     roles = confidence.rename(columns={"importance": "confidence"}).merge(roles, on=["type", "layer", "head"], how="left")
     if mask is not None:
         roles["alive"] = [mask[t][layer][h] for t, layer, h in roles[["type", "layer", "head"]].itertuples(index=False)]
@@ -84,9 +80,8 @@ def run(cfg: DictConfig) -> dict:
     enc = roles[roles["type"] == "enc-self"]
     for measure in ("confidence", "positional_prev", "positional_next", "rare_token"):
         plots.head_heatmaps(roles if measure == "confidence" else enc, measure, out / f"roles_{measure}.png", measure)
-    metrics = {"verb": "analyze", "data": cfg.data.name, "split": cfg.split, "checkpoint": str(ckpt.absolute()),
-               "sentences_without_arcs": skipped_arcs, "rare_min_share": cfg.rare_min_share, "seed": cfg.seed,
-               "git_sha": git_sha(), **{f"{role}_heads": int(enc[role].sum()) for role in ROLES}}
+    metrics = {"split": cfg.split, "sentences_without_arcs": skipped_arcs, "rare_min_share": cfg.rare_min_share,
+               **{f"{role}_heads": int(enc[role].sum()) for role in ROLES}, **session.provenance()}
     lines = [f"{len(enc)} encoder self-attention heads on {cfg.split}: "
              + ", ".join(f"{metrics[f'{role}_heads']} {role}" for role in ROLES)]
     if mask is not None:
@@ -96,7 +91,6 @@ def run(cfg: DictConfig) -> dict:
             lines.append(f"{role}: {int(heads['alive'].sum())} of {len(heads)} survived the mask")
         metrics["other_heads_alive"] = int(enc[~enc[list(ROLES)].astype(bool).any(axis=1)]["alive"].sum())
     write_atomic(out / "summary.txt", "\n".join(lines) + "\n")
-    write_json(out / "metrics.json", metrics)
     print("\n".join(lines))
     return metrics
 

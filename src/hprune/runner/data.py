@@ -20,4 +20,4 @@ def run(cfg: DictConfig) -> dict:
     return {"data_bin": str(bin_dir)}
 
 
-main = hydra_app("data")(run)
+main = hydra_app("data", writes_metrics=False)(run)

@@ -99,8 +99,6 @@ def _run_heatmaps(report: Report, runs: pd.DataFrame) -> None:
 
 
 def run(cfg: DictConfig) -> dict:
-    if OmegaConf.is_missing(cfg, "runs"):
-        raise UserError("which runs? give their folder(s): `hprune report outputs/` (or runs=[DIR,...])")
     roots = OmegaConf.to_container(cfg.runs) if OmegaConf.is_list(cfg.runs) else [cfg.runs]
     group_by = list(cfg.group_by)
     collection = collect([Path(r) for r in roots])
@@ -133,4 +131,4 @@ def run(cfg: DictConfig) -> dict:
     return {"runs": len(collection.runs), "incomplete": len(collection.incomplete)}
 
 
-main = hydra_app("report")(run)
+main = hydra_app("report", writes_metrics=False)(run)

@@ -6,7 +6,7 @@ import time
 from omegaconf import DictConfig
 
 from ..data.prepare import bin_dir, prepare
-from ..files import git_sha, run_dir, write_json
+from ..files import run_dir
 from ..pruning.heads import read_mask
 from . import hydra_app
 
@@ -33,13 +33,11 @@ def run(cfg: DictConfig) -> dict:
     summary = backend.checkpoint_summary(save_dir / "checkpoint_last.pt")
     averaged = backend.average_checkpoints(save_dir, int(cfg.average_last)) if cfg.average_last else None
     metrics = {
-        "verb": "train", "data": cfg.data.name, "arch": cfg.model.arch, **summary, **backend.train_speed(),
-        "device": backend.resolve_device(cfg.device), "precision": cfg.precision, "seed": cfg.seed,
-        "git_sha": git_sha(), "checkpoint": str(averaged or save_dir / "checkpoint_best.pt"),
+        "arch": cfg.model.arch, **summary, **backend.train_speed(), "device": backend.resolve_device(cfg.device),
+        "checkpoint": str(averaged or save_dir / "checkpoint_best.pt"),
         "seconds": round(time.perf_counter() - started, 1),
         "heads": heads_per_layer(cfg), "head_mask": cfg.head_mask,
     }
-    write_json(out / "metrics.json", metrics)
     print(f"trained {metrics['num_updates']} updates, best valid loss {metrics['best_valid_loss']:.3f}, "
           f"{metrics['n_params']:,} parameters -> {metrics['checkpoint']}")
     return metrics

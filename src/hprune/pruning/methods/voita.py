@@ -16,19 +16,18 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from ..data.prepare import prepare
-from ..errors import UserError
-from ..files import git_sha, run_dir, write_atomic, write_json
-from ..pruning.heads import ATTENTION_TYPES, check_types, kept_columns, mask_without, present_heads
-from ..reporting import plots
-from .evaluate import resolve_checkpoint, translate_and_score
-from .prune import Pruning, export
+from ...attention_types import ATTENTION_TYPES, check_attention_types
+from ...errors import UserError
+from ...files import write_atomic, write_json
+from ...reporting import plots
+from ..heads import kept_columns, mask_without, present_heads
+from . import register_method
 
 ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
 
 
 def check_settings(p: DictConfig) -> None:
-    types = check_types(p.types)
+    types = check_attention_types(p.types, "prune.types")
     if p.l0_lambda < 0:
         raise UserError(f"prune.l0_lambda={p.l0_lambda} is negative; use λ >= 0 (e.g. 0.01 to 0.1)")
     if p.l0_normalize not in ("sum", "layer_mean"):
@@ -41,6 +40,8 @@ def check_settings(p: DictConfig) -> None:
                         f"{p.budget_warmup} >= 0")
     if p.finetune.updates < 0:
         raise UserError(f"prune.finetune.updates={p.finetune.updates} must be >= 0")
+    from ... import backend
+    backend.check_schedule(p.optim, "prune.optim")
 
 
 def check_budget(p: DictConfig, n_heads: int) -> None:
@@ -82,69 +83,59 @@ def gate_table(model) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gated_training_argv(cfg: DictConfig, start, ckpt: Path, data_bin: Path, save: Path) -> list:
-    from .. import backend
-
+def gated_training_argv(cfg: DictConfig, start, save: Path) -> list:
     p = cfg.prune
-    argv = backend.continue_training_argv(ckpt, start.cfg.model, start.cfg.task, data_bin, save, cfg.device,
-                                          cfg.precision, cfg.seed)
-    argv += ["--criterion", "hprune", "--label-smoothing", str(start.cfg.criterion.get("label_smoothing", 0.0)),
-             "--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
+    options = ["--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
     if p.head_budget is not None:
-        argv += ["--l0-budget", str(p.head_budget), "--l0-budget-gain", str(p.budget_gain),
-                 "--l0-budget-warmup", str(p.budget_warmup)]
-    argv += ["--gate-log-alpha-init", str(p.gate_init)] if p.gate_init is not None else []
-    argv += ["--freeze-decoder"] if p.freeze_decoder else []
-    return argv + backend._flags(p.optim)
+        options += ["--l0-budget", str(p.head_budget), "--l0-budget-gain", str(p.budget_gain),
+                    "--l0-budget-warmup", str(p.budget_warmup)]
+    options += ["--gate-log-alpha-init", str(p.gate_init)] if p.gate_init is not None else []
+    options += ["--freeze-decoder"] if p.freeze_decoder else []
+    from ... import backend
+    return start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(p.optim))
 
 
-def from_scratch(cfg: DictConfig, recipe: DictConfig, mask_path: Path, criterion, data_bin: Path, pool: set,
-                 out: Path) -> dict:
+def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
     """Voita et al.'s control: the surviving head configuration trained from scratch, with the checkpoint's own
     training settings (model, optim, seed) on this run's data; its BLEU on the same split."""
-    from .. import backend
+    from ... import backend
 
+    cfg = start.cfg
     control = OmegaConf.create({
         "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
         "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(cfg.data, resolve=True),
         "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path)})
     save = out / "scratch" / "checkpoints"
-    argv = backend.train_argv(control, data_bin, save)
-    backend.train(argv, script=out / "scratch" / "fairseq-train.sh")
-    trained = backend.load_model(save / "checkpoint_best.pt", data_bin, cfg.device, cfg.precision)
-    result = Pruning(cfg, trained, criterion, data_bin, pool, cfg.prune.optim.max_tokens).evaluate(None)
+    backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh")
+    trained = start.reopen(save / "checkpoint_best.pt")
+    result = trained.evaluate(None, cfg.prune.optim.max_tokens)
     return {"bleu_scratch": result["bleu"], "valid_loss_scratch": result["valid_loss"],
             "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
             "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
 
 
-def run(cfg: DictConfig) -> dict:
-    from .. import backend
+@register_method("voita", trains=True, check=check_settings)
+def voita(start, cfg: DictConfig, out: Path) -> dict:
+    """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
+    from ... import backend
 
     p = cfg.prune
-    check_settings(p)
-    ckpt = resolve_checkpoint(cfg.ckpt)
-    recipe = training_recipe(ckpt) if p.from_scratch else None
-    data_bin = prepare(cfg.data, cfg.paths.data_root)
-    start = backend.load_model(ckpt, data_bin, cfg.device, cfg.precision)
+    recipe = training_recipe(start.checkpoint) if p.from_scratch else None
     pool = {head for head in present_heads(start.model) if head[0] in p.types}
     check_budget(p, len(pool))
-    criterion = backend.build_criterion(start)  # the checkpoint's own: gates are folded away before it is used
-    unpruned = Pruning(cfg, start, criterion, data_bin, pool, p.optim.max_tokens).evaluate(None)
+    max_tokens = p.optim.max_tokens
+    unpruned = start.evaluate(None, max_tokens)
 
-    out = run_dir()
     save = out / "checkpoints"
-    argv = gated_training_argv(cfg, start, ckpt, data_bin, save)
-    backend.train(argv, script=out / "fairseq-train.sh")
+    backend.train(gated_training_argv(cfg, start, save), script=out / "fairseq-train.sh")
 
-    gated = backend.load_model(save / "checkpoint_last.pt", data_bin, cfg.device, cfg.precision)
+    gated = start.reopen(save / "checkpoint_last.pt")
     gates = gate_table(gated.model)
-    bleu_gates = translate_and_score(cfg, gated, data_bin)[1]["bleu"]  # eval mode: the deterministic gates
+    bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
     gated.model.fold_gates()
     closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.kept}
     mask = mask_without(gated.model, closed)
-    pruning = Pruning(cfg, gated, criterion, data_bin, pool, p.optim.max_tokens)
-    pruned = pruning.evaluate(mask)
+    pruned = gated.evaluate(mask, max_tokens)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
     write_json(out / "head_mask.json", mask)
@@ -156,7 +147,7 @@ def run(cfg: DictConfig) -> dict:
         plots.line(alive, "num_updates", ["kept_heads", "alive_heads", "open_heads"], out / "alive_heads.png",
                    "gated heads over training: kept (gate > 0), alive (P(open) > 0.5), expected open")
     metrics = {
-        "verb": "prune", "method": "voita", "data": cfg.data.name, "split": cfg.split,
+        "method": "voita", "split": cfg.split,
         "l0_lambda": p.l0_lambda if p.head_budget is None else None, "l0_normalize": p.l0_normalize, "head_budget": p.head_budget,
         **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
         "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
@@ -169,21 +160,20 @@ def run(cfg: DictConfig) -> dict:
         "kept_heads": len(pool) - len(closed), "alive_heads": int(gates["alive"].sum()),
         "pct_pruned": round(100 * len(closed) / len(pool), 2),
         **kept_columns(mask), "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
-        "n_params": backend.count_parameters(start.model), "device": start.device, "precision": cfg.precision,
-        "seed": cfg.seed, "git_sha": git_sha(), "checkpoint": str(ckpt.absolute()), "data_bin": str(data_bin),
+        **start.provenance(),
     }
     final = pruned
     if p.finetune.updates:
-        backend.finetune(gated, criterion, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
-        final = pruning.evaluate(mask)
+        gated.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
+        final = gated.evaluate(mask, max_tokens)
         metrics.update(finetune_updates=p.finetune.updates, bleu_finetuned=final["bleu"],
                        delta_bleu_finetuned=round(final["bleu"] - unpruned["bleu"], 4),
                        valid_loss_finetuned=final["valid_loss"])
     if p.export:
-        metrics.update(export(pruning, mask, final, None, out, config_from=ckpt))
+        metrics.update(gated.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", final, max_tokens,
+                                    config_from=start.checkpoint))
     if p.from_scratch:
-        metrics.update(from_scratch(cfg, recipe, out / "head_mask.json", criterion, data_bin, pool, out))
-    write_json(out / "metrics.json", metrics)
+        metrics.update(from_scratch(start, recipe, out / "head_mask.json", out))
     print(summary(metrics))
     return metrics
 

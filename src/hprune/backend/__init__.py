@@ -1,0 +1,48 @@
+"""The only hprune package (with the plugin) that imports fairseq; its public face.
+
+Everything runs in this process through fairseq's own entry points (the pattern of fairseq's tests), so what
+runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` run. One concern a module:
+  compat      fairseq and Hydra in one process, devices and precisions
+  commands    fairseq-train / fairseq-generate command lines, model and schedule checks
+  training    binarize, train (resumable), checkpoint summaries and averaging
+  loading     open a checkpoint safely, export a physically pruned copy
+  generation  beam search and teacher-forced batches over a split, split losses
+  finetuning  optimizer steps with a head mask held fixed
+"""
+from ..errors import UserError
+
+try:
+    import fairseq  # noqa: F401
+except ImportError as err:  # raised inside a verb, so the user sees one line
+    raise UserError(f"fairseq is not importable ({err}); run `make install` "
+                    "(it installs fairseq-fixed==0.12.3.1 with --no-deps)") from None
+
+from .commands import (  # noqa: E402
+    check_generation,
+    check_model,
+    check_schedule,
+    continue_training_argv,
+    flags,
+    generation_argv,
+    head_layout,
+    train_argv,
+)
+from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa: E402
+from .finetuning import finetune  # noqa: E402
+from .generation import Translations, batches, split_loss, translate  # noqa: E402
+from .loading import Loaded, build_criterion, count_parameters, export_pruned, load_model  # noqa: E402
+from .training import (  # noqa: E402
+    AVERAGED,
+    average_checkpoints,
+    binarize,
+    checkpoint_summary,
+    repair_resume_point,
+    train,
+    train_speed,
+)
+
+__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Loaded", "Translations", "average_checkpoints",
+           "batches", "binarize", "build_criterion", "check_generation", "check_model", "check_schedule",
+           "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned", "finetune", "flags",
+           "generation_argv", "head_layout", "load_model", "repair_resume_point", "resolve_device", "split_loss",
+           "train", "train_argv", "train_speed", "translate"]

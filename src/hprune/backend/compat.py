@@ -1,0 +1,93 @@
+"""fairseq inside a Hydra app: the global state both keep, devices and precisions, and a GC-quiet hot loop."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import warnings
+from pathlib import Path
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+import hprune_fairseq  # registers the model and the safe-loading allow-list
+
+from ..errors import UserError
+
+# fairseq's iterators always ask for pinned memory; on a CPU-only machine torch warns at every batch iterator
+warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
+PLUGIN_DIR = str(Path(hprune_fairseq.__file__).parent)  # for `--user-dir`
+HPRUNE_ARCHS = ("hprune_transformer", "hprune_transformer_big", "hprune_moa", "hprune_moa_big")
+MOA_ARCHS = ("hprune_moa", "hprune_moa_big")
+
+# fairseq registers its config groups (lr_scheduler/fixed, ...) in Hydra's ConfigStore once, when imported. A
+# joblib worker runs several sweep jobs, and before each Hydra puts back the launching process's ConfigStore,
+# which never saw fairseq: the entries are merged back from this snapshot before fairseq composes a config.
+_FAIRSEQ_CONFIG_STORE = copy.deepcopy(ConfigStore.instance().repo)
+
+
+def _merge_missing(repo: dict, saved: dict) -> None:
+    for key, value in saved.items():
+        if key not in repo:
+            repo[key] = copy.deepcopy(value)
+        elif isinstance(value, dict) and isinstance(repo[key], dict):
+            _merge_missing(repo[key], value)
+
+
+def to_omegaconf(args) -> DictConfig:
+    """fairseq's convert_namespace_to_omegaconf, run inside a Hydra app.
+
+    fairseq composes its own config with Hydra's 1.1-era API, which refuses to run once an app has set
+    version_base >= 1.2, and clears the global Hydra state; both are put back afterwards.
+    """
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+    from packaging.version import Version
+
+    _merge_missing(ConfigStore.instance().repo, _FAIRSEQ_CONFIG_STORE)
+    versions = VersionBase.instance()
+    base, saved = versions.getbase(), Singleton._instances.get(GlobalHydra)
+    versions.setbase(Version("1.1"))
+    try:
+        with warnings.catch_warnings():  # fairseq's own use of deprecated Hydra APIs is not the user's concern
+            warnings.simplefilter("ignore", UserWarning)
+            return convert_namespace_to_omegaconf(args)
+    finally:
+        versions.version_base = base
+        if saved is not None:
+            Singleton._instances[GlobalHydra] = saved
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Hide every object allocated so far (fairseq's modules, the model) from the garbage collector while a
+    hot loop runs. fairseq is imported late, inside the Hydra job, and its millions of young objects otherwise
+    make full collections run, and rescan them, during beam search: 25-30% slower, measured. (No collection
+    first: it costs 0.4 s a call, and garbage frozen here is collected after the unfreeze.)"""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device=cuda but no CUDA device is visible; use device=auto or device=cpu")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"device={device} is not one of auto, cpu, cuda")
+    return device
+
+
+def check_precision(device: str, precision: str, training: bool) -> None:
+    if precision not in ("fp32", "fp16", "bf16"):
+        raise UserError(f"precision={precision} is not one of fp32, fp16, bf16")
+    if device != "cuda" and (precision == "fp16" or (training and precision == "bf16")):
+        # fairseq trains in bf16 only on CUDA (elsewhere it assumes a TPU); fp16 kernels need CUDA
+        what = "training" if training and precision == "bf16" else "it"
+        raise UserError(f"precision={precision} needs a CUDA device for {what}; use precision=fp32 on the CPU")

@@ -1,0 +1,30 @@
+"""A few optimizer steps in this process with a head mask held fixed (fine-tuning between pruning steps)."""
+from __future__ import annotations
+
+import torch
+
+from .generation import batches
+from .loading import Loaded
+
+
+def finetune(loaded: Loaded, criterion, updates: int, lr: float, max_tokens: int, seed: int) -> None:
+    """A few Adam updates on the train split with the model's current head mask held fixed (masked heads get
+    zero gradient, so they stay removed)."""
+    model = loaded.model
+    vars(model).pop("train", None)  # fairseq's make_generation_fast_ locks train(); it only dropped attn outputs
+    model._is_generation_fast = False
+    model.train()
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98))
+    done, epoch = 0, 0
+    while done < updates:
+        epoch += 1
+        for sample in batches(loaded, "train", max_tokens, shuffle_seed=seed + epoch):
+            loss, sample_size, _ = criterion(model, sample)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / sample_size).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            done += 1
+            if done == updates:
+                break
+    model.eval()

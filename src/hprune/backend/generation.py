@@ -1,0 +1,137 @@
+"""Beam search and teacher-forced batches over a split, exactly as fairseq-generate and fairseq-train read them."""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import torch
+from fairseq import options
+from omegaconf import DictConfig
+
+from ..errors import UserError
+from .commands import generation_argv
+from .compat import PLUGIN_DIR, frozen_heap, to_omegaconf
+from .loading import Loaded
+
+
+@dataclass
+class Translations:
+    hypotheses: List[str]  # by sentence id, post-processed as fairseq-generate's D- lines
+    sentences: int
+    tokens: int
+    seconds: float  # spent in beam search only, as fairseq-generate's own timer
+
+
+@functools.lru_cache(maxsize=8)
+def _generation_cfg(argv: tuple) -> DictConfig:
+    """fairseq-generate's config for a command line; cached, as building it costs about a second and pruning
+    runs translate dozens of times with the same settings."""
+    return to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), list(argv)))
+
+
+def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
+              post_process: Optional[str] = None, tokenizer: Optional[str] = None) -> Translations:
+    """Beam search over a split exactly as fairseq-generate does it (same batching, generator and post-processing)."""
+    from fairseq import utils
+    from fairseq.logging.meters import StopwatchMeter
+    from fairseq_cli.generate import get_symbols_to_strip_from_output
+
+    argv = [loaded.cfg.task.data, "--user-dir", PLUGIN_DIR, "--path", str(loaded.path)]
+    argv += generation_argv(gen, split, seed)
+    if post_process:
+        argv += ["--post-process", post_process]
+    if tokenizer:
+        argv += ["--tokenizer", tokenizer]
+    if tokenizer == "moses":  # Moses takes its languages from the task's -s/-t, which must then be given
+        argv += ["--source-lang", loaded.task.cfg.source_lang, "--target-lang", loaded.task.cfg.target_lang]
+    if loaded.device == "cpu":
+        argv.append("--cpu")
+    cfg = _generation_cfg(tuple(argv))
+    task, model = loaded.task, loaded.model
+    load_split(loaded, split)
+    dataset = task.dataset(split)
+    model.prepare_for_inference_(cfg)
+    itr = task.get_batch_iterator(
+        dataset=dataset, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple, seed=cfg.common.seed,
+        num_workers=cfg.dataset.num_workers, data_buffer_size=cfg.dataset.data_buffer_size,
+    ).next_epoch_itr(shuffle=False)
+    generator = task.build_generator([model], cfg.generation)
+    tokenizer_, bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
+
+    def decode(text: str) -> str:
+        text = bpe.decode(text) if bpe is not None else text
+        return tokenizer_.decode(text) if tokenizer_ is not None else text
+
+    timer = StopwatchMeter()
+    hypotheses: dict[int, str] = {}
+    with frozen_heap():
+        for sample in itr:
+            sample = utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+            if "net_input" not in sample:
+                continue
+            timer.start()
+            hypos = task.inference_step(generator, [model], sample)
+            timer.stop(sum(len(h[0]["tokens"]) for h in hypos))
+            for i, sample_id in enumerate(sample["id"].tolist()):
+                best = hypos[i][0]
+                _, text, _ = utils.post_process_prediction(
+                    hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=best["alignment"], align_dict=None,
+                    tgt_dict=task.target_dictionary, remove_bpe=cfg.common_eval.post_process,
+                    extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
+                hypotheses[sample_id] = decode(text)
+    missing = len(dataset) - len(hypotheses)
+    if missing:
+        raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")
+    return Translations([hypotheses[i] for i in range(len(dataset))], len(hypotheses), timer.n, timer.sum)
+
+
+def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
+            shuffle_seed: Optional[int] = None, max_sentences: Optional[int] = None) -> Iterator[dict]:
+    """Teacher-forcing batches of a split, on the model's device, in a fixed order (or shuffled with a seed)."""
+    from fairseq import utils
+
+    task = loaded.task
+    load_split(loaded, split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences, required_batch_size_multiple=1,
+        max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
+        ignore_invalid_inputs=True, seed=shuffle_seed or 1, num_workers=0,
+    ).next_epoch_itr(shuffle=shuffle_seed is not None)
+    for i, sample in enumerate(itr):
+        if max_batches is not None and i >= max_batches:
+            break
+        if "net_input" in sample:
+            yield utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+
+
+def load_split(loaded: Loaded, split: str) -> None:
+    """Check a split exists and is not empty, and read its binarized data once per loaded model (pruning runs
+    translate and score it dozens of times)."""
+    if split in loaded.task.datasets:
+        return
+    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
+    source_bin = Path(loaded.cfg.task.data) / f"{split}.{src}-{tgt}.{src}.bin"
+    if not source_bin.exists():
+        raise UserError(f"{source_bin} is missing; run `hprune data prepare` for this data set, or pick a split "
+                        "it has (train, valid, test)")
+    if source_bin.stat().st_size == 0:  # fairseq cannot even open an empty split
+        raise UserError(f"the {split} split in {loaded.cfg.task.data} is empty; pick another split")
+    loaded.task.load_dataset(split, task_cfg=loaded.cfg.task)
+
+
+@torch.no_grad()
+def split_loss(loaded: Loaded, criterion, split: str, max_tokens: int) -> dict:
+    """The criterion's loss and the NLL per target token on a split, in bits, as fairseq's validation reports."""
+    loaded.model.eval()
+    loss = nll = sample_size = ntokens = 0.0
+    for sample in batches(loaded, split, max_tokens):
+        value, size, logging = criterion(loaded.model, sample)
+        loss, nll = loss + float(value), nll + float(logging["nll_loss"])
+        sample_size, ntokens = sample_size + size, ntokens + logging["ntokens"]
+    return {"loss": loss / sample_size / math.log(2), "nll_loss": nll / ntokens / math.log(2)}

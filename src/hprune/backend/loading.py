@@ -1,0 +1,104 @@
+"""Opening an hprune checkpoint safely against a data-bin's dictionaries, and writing a physically pruned copy."""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
+
+from ..errors import UserError
+from .compat import HPRUNE_ARCHS, check_precision, resolve_device
+from .training import save_checkpoint_atomic
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    task: object
+    cfg: DictConfig  # the checkpoint's fairseq config
+    path: Path
+    device: str
+
+
+def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
+    """Load an hprune checkpoint for inference against the dictionaries in data_dir, refusing anything unsafe."""
+    from fairseq import checkpoint_utils, tasks
+
+    if not ckpt.is_file():
+        raise UserError(f"checkpoint {ckpt} does not exist; pass ckpt=<run dir or .pt file> of a finished train run")
+    try:
+        state = load_checkpoint(ckpt)
+    except (UnsafeCheckpointError, CorruptCheckpointError) as err:
+        raise UserError(str(err)) from None
+    if state.get("cfg") is not None:  # as fairseq's load_checkpoint_to_cpu does after torch.load
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+    cfg = checkpoint_utils._upgrade_state_dict(state)["cfg"]  # also turns a legacy `args` into a config
+    arch = getattr(cfg.model, "_name", None) or getattr(cfg.model, "arch", None)  # a Namespace for legacy models
+    if arch not in HPRUNE_ARCHS:
+        raise UserError(f"{ckpt} holds a '{arch}' model, not an hprune model ({', '.join(HPRUNE_ARCHS)}); "
+                        "train one with `hprune train`")
+    if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
+        raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
+                        f"{cfg.task.source_lang}-{cfg.task.target_lang} data; pass the matching data=...")
+    trained_dict = Path(cfg.task.data) / f"dict.{cfg.task.source_lang}.txt"
+    eval_dict = data_dir / f"dict.{cfg.task.source_lang}.txt"
+    if trained_dict.exists() and trained_dict.read_bytes() != eval_dict.read_bytes():
+        raise UserError(f"{ckpt} was trained on {trained_dict.parent}, whose vocabulary differs from {data_dir}'s; "
+                        "evaluate it with the data settings it was trained with")
+    cfg.task.data = str(data_dir)
+    task = tasks.setup_task(cfg.task)
+    vocab = state["model"]["encoder.embed_tokens.weight"].shape[0]
+    if vocab != len(task.source_dictionary):
+        raise UserError(f"{ckpt} was trained with a {vocab}-word vocabulary but {data_dir} has "
+                        f"{len(task.source_dictionary)} words; evaluate it on the data it was trained on")
+    model = task.build_model(cfg.model)
+    try:
+        model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
+    except RuntimeError as err:
+        detail = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise UserError(f"{ckpt} does not match its declared architecture ({detail}); "
+                        "retrain it or pass the right checkpoint") from None
+    device = resolve_device(device)
+    check_precision(device, precision, training=False)
+    model.eval()
+    if precision == "fp16":
+        model.half()
+    elif precision == "bf16":
+        model.to(torch.bfloat16)
+    model.to(device)
+    return Loaded(model, task, cfg, ckpt, device)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_criterion(loaded: Loaded):
+    """The training criterion recorded in the checkpoint (label-smoothed cross-entropy for hprune models)."""
+    return loaded.task.build_criterion(loaded.cfg.criterion)
+
+
+def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
+    """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), in fp32.
+
+    The kept ids go into the checkpoint's model config (`kept_heads`), from which the plugin rebuilds the
+    pruned shapes before loading the weights; the optimizer state (shaped for the full model) is dropped.
+    The other settings come from loaded.path's checkpoint, or from `config_from`'s (e.g. the ungated model a
+    gated run started from). Returns the pruned model (on the CPU).
+    """
+    model = copy.deepcopy(loaded.model).float().cpu()
+    model.set_head_mask(None)
+    model.keep_heads(kept)
+    state = load_checkpoint(config_from or loaded.path)
+    state["model"] = model.state_dict()
+    model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
+    setattr(model_cfg, "kept_heads", json.dumps(kept, separators=(",", ":")))
+    state["last_optimizer_state"] = None
+    save_checkpoint_atomic(state, dest)
+    return model

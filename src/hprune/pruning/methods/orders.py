@@ -1,0 +1,39 @@
+"""The orders that rank heads from scores (the math is in pruning/scores.py): Michel et al.'s gradient
+importance and the baselines it is compared with."""
+from __future__ import annotations
+
+import pandas as pd
+from omegaconf import DictConfig
+
+from .. import scores
+from . import register_method
+
+
+def _batches(session, p: DictConfig):
+    imp = p.importance
+    return session.batches(imp.split, imp.max_tokens, imp.max_batches)
+
+
+@register_method("michel")
+def michel(session, p: DictConfig) -> pd.DataFrame:
+    """Michel et al. 2019: E_t |∂L/∂ξ_h|, the loss's sensitivity to each head's gate, on importance.split."""
+    table, _ = scores.michel(session.model, session.criterion, _batches(session, p), session.pad)
+    return scores.normalize_by_layer(table) if p.importance.normalize_by_layer else table
+
+
+@register_method("confidence", needs_head_maps=True)
+def confidence(session, p: DictConfig) -> pd.DataFrame:
+    """Voita et al. 2019: a head's mean maximum attention weight (EOS excluded), on importance.split."""
+    return scores.confidence(session.model, _batches(session, p), session.pad, session.eos)
+
+
+@register_method("magnitude")
+def magnitude(session, p: DictConfig) -> pd.DataFrame:
+    """Σ|W| + Σ|b| of each head's q/k/v rows (fairseq's L1 head criterion)."""
+    return scores.magnitude(session.model)
+
+
+@register_method("random")
+def random(session, p: DictConfig) -> pd.DataFrame:
+    """Uniform scores from a generator seeded with `seed`: the control every order must beat."""
+    return scores.random(session.model, session.cfg.seed)

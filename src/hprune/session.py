@@ -1,0 +1,243 @@
+"""An opened model: a checkpoint with its data, task, criterion and device, and what verbs do with a model.
+
+Every verb that measures a model starts with `Session.open(cfg)` (resolve the checkpoint, prepare the data,
+load the model safely) and then asks the session: translate and score a split, evaluate under a head mask
+(the previous mask is put back), score heads with a registered method, fine-tune with a mask held fixed,
+export a physically pruned copy and check it, reopen another checkpoint on the same data, and the provenance
+keys of metrics.json. Only the session and the backend touch fairseq's objects.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Iterator, Optional, Tuple
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from . import backend
+from .data.prepare import prepare, test_set_of
+from .errors import UserError
+from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
+
+log = logging.getLogger(__name__)
+EVAL_MAX_TOKENS = 4096  # teacher-forced batches for the MAC count and the expert load
+
+
+def resolve_checkpoint(ckpt: str | Path) -> Path:
+    """A .pt file as given; for a train run dir (or its checkpoints/), the averaged checkpoint when the run made one
+    (train.average_last), else checkpoint_best.pt."""
+    path = Path(ckpt).expanduser()
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    return next((folder / name for name in (backend.AVERAGED, "checkpoint_best.pt")
+                 if (folder / name).exists()), folder / "checkpoint_best.pt")
+
+
+def read_references(raw_file: Path, n: int) -> list[str]:
+    if not raw_file.exists():
+        raise UserError(f"references {raw_file} are missing; run `hprune data prepare` again")
+    refs = raw_file.read_text().splitlines()
+    if len(refs) != n:
+        raise UserError(f"{raw_file} has {len(refs)} lines but the binarized split has {n}; "
+                        "delete the data folder and prepare it again")
+    return refs
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    return {"bleu": round(bleu.corpus_score(hypotheses, [references]).score, 4),
+            "bleu_signature": str(bleu.get_signature()),
+            "chrf": round(chrf.corpus_score(hypotheses, [references]).score, 4),
+            "chrf_signature": str(chrf.get_signature())}
+
+
+class Session:
+    def __init__(self, cfg: DictConfig, loaded: backend.Loaded, data_bin: Path, criterion=None):
+        self.cfg, self.loaded, self.data_bin = cfg, loaded, data_bin
+        self._criterion = criterion
+        self._mask: Optional[Mask] = None
+
+    @classmethod
+    def open(cls, cfg: DictConfig, ckpt: str | Path | None = None) -> "Session":
+        """cfg: a verb's config (ckpt, data, paths, device, precision, and generation where it translates)."""
+        if cfg.get("generation") is not None:
+            backend.check_generation(cfg.generation)  # before any work, not at the first translation
+        path = resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt)
+        data_bin = prepare(cfg.data, cfg.paths.data_root)
+        return cls(cfg, backend.load_model(path, data_bin, cfg.device, cfg.precision), data_bin)
+
+    def reopen(self, ckpt: Path) -> "Session":
+        """Another checkpoint (exported, retrained, gated) on this session's data and settings, measured with this
+        session's criterion (a gated checkpoint's own has an L0 term; the gates are folded away before use)."""
+        return Session(self.cfg, backend.load_model(ckpt, self.data_bin, self.cfg.device, self.cfg.precision),
+                       self.data_bin, self.criterion)
+
+    # ---------------------------------------------------------------------------------------- the model
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.loaded.model
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.loaded.path
+
+    @property
+    def device(self) -> str:
+        return self.loaded.device
+
+    @property
+    def pad(self) -> int:
+        return self.loaded.task.target_dictionary.pad()
+
+    @property
+    def eos(self) -> int:
+        return self.loaded.task.target_dictionary.eos()
+
+    def source_count(self, token: int) -> int:
+        """How often a source token occurred in the data its dictionary was built from."""
+        return self.loaded.task.source_dictionary.count[token]
+
+    @property
+    def criterion(self):
+        """The training criterion recorded in the checkpoint (built at first use)."""
+        if self._criterion is None:
+            self._criterion = backend.build_criterion(self.loaded)
+        return self._criterion
+
+    def n_params(self) -> int:
+        return backend.count_parameters(self.model)
+
+    def head_layout(self) -> dict:
+        return layout(self.model)
+
+    def read_mask(self, path: str | Path, key: str = "mask") -> Mask:
+        return read_mask(path, layout(self.model), key)
+
+    def state(self) -> dict:
+        """A CPU copy of the weights (restored with load_state)."""
+        return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}
+
+    def load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+
+    def moa_settings(self) -> dict:
+        model_cfg = self.loaded.cfg.model
+        return {key: getattr(model_cfg, key) for key in ("moa_experts", "moa_top_k", "moa_head_dim", "moa_types")}
+
+    # ---------------------------------------------------------------------------------------- masks
+    def set_mask(self, mask: Optional[Mask]) -> None:
+        """The head mask the model runs under from now on (None: every head present)."""
+        self.model.set_head_mask(mask)
+        self._mask = mask
+
+    @contextlib.contextmanager
+    def masked(self, mask: Optional[Mask]):
+        """Run under `mask` for a while; the previous mask is put back afterwards."""
+        previous = self._mask
+        self.set_mask(mask)
+        try:
+            yield
+        finally:
+            self.set_mask(previous)
+
+    # ---------------------------------------------------------------------------------------- data
+    def batches(self, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
+                shuffle_seed: Optional[int] = None) -> Iterator[dict]:
+        return backend.batches(self.loaded, split, max_tokens, max_batches, shuffle_seed)
+
+    def test_set(self, split: str) -> Optional[str]:
+        return test_set_of(self.data_bin, split)
+
+    # ---------------------------------------------------------------------------------------- measuring
+    def translate(self, split: Optional[str] = None) -> Tuple[backend.Translations, dict]:
+        """Beam search on a split (cfg.split) with cfg.generation, scored against the split's raw references:
+        (translations, {bleu, chrf and their signatures})."""
+        cfg, split = self.cfg, split or self.cfg.split
+        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, cfg.data.post_process,
+                                   cfg.data.tokenizer)
+        references = read_references(self.data_bin.parent / "raw" / f"{split}.{cfg.data.tgt_lang}", result.sentences)
+        return result, score(result.hypotheses, references)
+
+    def loss(self, split: str, max_tokens: int) -> dict:
+        return backend.split_loss(self.loaded, self.criterion, split, max_tokens)
+
+    def evaluate(self, mask: Optional[Mask], max_tokens: int) -> dict:
+        """BLEU/chrF on cfg.split and the loss on cfg.loss_split under `mask` (None: every head present)."""
+        with self.masked(mask):
+            result, quality = self.translate()
+            loss = self.loss(self.cfg.loss_split, max_tokens)
+        return {"bleu": quality["bleu"], "chrf": quality["chrf"], "bleu_signature": quality["bleu_signature"],
+                "valid_loss": round(loss["loss"], 4),
+                "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses}
+
+    def scores(self, method: str, settings: DictConfig, mask: Optional[Mask] = None) -> pd.DataFrame:
+        """Head scores of a registered pruning order (pruning/methods.py), computed under `mask`."""
+        from .pruning.methods import get_method
+
+        with self.masked(mask):
+            return get_method(method).score(self, settings)
+
+    def costs(self, split: str) -> Tuple[dict, pd.DataFrame]:
+        """Parameters and counted MACs per target token (whole model and attention); on MoA models, the MoA
+        settings and how evenly the experts are used (the per-expert table, empty on other models)."""
+        from .analysis.moa import expert_load, load_summary
+        from .flops import macs_per_token
+
+        costs = {"n_params": self.n_params(),
+                 **macs_per_token(self.model, next(self.batches(split, EVAL_MAX_TOKENS, 1)))}
+        load = expert_load(self.model, self.batches(split, EVAL_MAX_TOKENS))
+        if not load.empty:
+            costs.update(**self.moa_settings(), **load_summary(load))
+        return costs, load
+
+    # ---------------------------------------------------------------------------------------- changing
+    def finetune(self, mask: Optional[Mask], updates: int, lr: float, max_tokens: int, seed: int) -> None:
+        """Adam updates on the train split with `mask` held fixed (masked heads get no gradient); the model
+        stays under that mask."""
+        self.set_mask(mask)
+        backend.finetune(self.loaded, self.criterion, updates, lr, max_tokens, seed)
+
+    def export(self, mask: Mask, dest: Path, masked: dict, max_tokens: int,
+               config_from: Optional[Path] = None) -> dict:
+        """Physically remove the masked heads into `dest`, reopen it, and check it against this model under the
+        mask (`masked`: evaluate(mask) of it): largest output difference, BLEU, same translations, size and
+        speed. config_from: see backend.export_pruned."""
+        backend.export_pruned(self.loaded, kept_ids(mask), dest, config_from)
+        pruned = self.reopen(dest)
+        sample = next(self.batches(self.cfg.loss_split, max_tokens, 1))
+        with torch.no_grad(), self.masked(mask):
+            reference = self.model(**sample["net_input"])[0].float()
+            difference = (pruned.model(**sample["net_input"])[0].float() - reference).abs().max().item()
+        result = pruned.evaluate(None, max_tokens)
+        same = result["hypotheses"] == masked["hypotheses"]
+        if not same:
+            log.warning("the physically pruned model's translations differ from the masked model's")
+        n_params, n_params_pruned = self.n_params(), pruned.n_params()
+        return {"export_checkpoint": str(dest.absolute()), "export_max_abs_diff": difference,
+                "export_bleu": result["bleu"], "export_same_translations": same, "n_params_pruned": n_params_pruned,
+                "params_removed_pct": round(100 * (1 - n_params_pruned / n_params), 2),
+                "sentences_per_s_masked": masked["sentences_per_s"], "sentences_per_s_pruned": result["sentences_per_s"]}
+
+    def continue_training_argv(self, save_dir: Path, seed: int, criterion: str, options: list) -> list:
+        """fairseq-train flags that continue training this checkpoint (its architecture and label smoothing as
+        recorded) with `criterion` and the caller's options."""
+        cfg = self.loaded.cfg
+        smoothing = cfg.criterion.get("label_smoothing", 0.0) if cfg.criterion is not None else 0.0
+        return backend.continue_training_argv(
+            self.checkpoint, cfg.model, cfg.task, self.data_bin, save_dir, self.cfg.device, self.cfg.precision, seed,
+            ["--criterion", criterion, "--label-smoothing", str(smoothing), *options])
+
+    def unpruned_mask(self) -> Mask:
+        return mask_without(self.model, ())
+
+    # ---------------------------------------------------------------------------------------- provenance
+    def provenance(self) -> dict:
+        """The keys of metrics.json that say which model, data and device a verb measured."""
+        return {"checkpoint": str(self.checkpoint.absolute()), "data_bin": str(self.data_bin), "device": self.device,
+                "n_params": self.n_params()}
