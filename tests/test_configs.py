@@ -80,7 +80,7 @@ def test_every_prune_config_names_a_registered_method_and_back():
     from omegaconf import OmegaConf
 
     from hprune.errors import UserError
-    from hprune.pruning.methods import get_method, method_names
+    from hprune.methods import get_method, method_names
     configs = {path.stem: OmegaConf.load(path).method for path in (CONFIG_DIR / "prune").glob("*.yaml")}
     assert all(stem == method for stem, method in configs.items()), configs
     assert sorted(configs) == sorted(method_names())

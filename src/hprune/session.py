@@ -2,7 +2,7 @@
 
 Every verb that measures a model starts with `Session.open(cfg)` (resolve the checkpoint, prepare the data,
 load the model safely) and then asks the session: translate and score a split, evaluate under a head mask
-(the previous mask is put back), score heads with a registered method, fine-tune with a mask held fixed,
+(the previous mask is put back), fine-tune with a mask held fixed,
 export a physically pruned copy and check it, reopen another checkpoint on the same data, and the provenance
 keys of metrics.json. Only the session and the backend touch fairseq's objects.
 """
@@ -113,9 +113,6 @@ class Session:
     def n_params(self) -> int:
         return backend.count_parameters(self.model)
 
-    def head_layout(self) -> dict:
-        return layout(self.model)
-
     def read_mask(self, path: str | Path, key: str = "mask") -> Mask:
         return read_mask(path, layout(self.model), key)
 
@@ -125,10 +122,6 @@ class Session:
 
     def load_state(self, state: dict) -> None:
         self.model.load_state_dict(state)
-
-    def moa_settings(self) -> dict:
-        model_cfg = self.loaded.cfg.model
-        return {key: getattr(model_cfg, key) for key in ("moa_experts", "moa_top_k", "moa_head_dim", "moa_types")}
 
     # ---------------------------------------------------------------------------------------- masks
     def set_mask(self, mask: Optional[Mask]) -> None:
@@ -176,13 +169,6 @@ class Session:
                 "valid_loss": round(loss["loss"], 4),
                 "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses}
 
-    def scores(self, method: str, settings: DictConfig, mask: Optional[Mask] = None) -> pd.DataFrame:
-        """Head scores of a registered pruning order (pruning/methods.py), computed under `mask`."""
-        from .pruning.methods import get_method
-
-        with self.masked(mask):
-            return get_method(method).score(self, settings)
-
     def costs(self, split: str) -> Tuple[dict, pd.DataFrame]:
         """Parameters and counted MACs per target token (whole model and attention); on MoA models, the MoA
         settings and how evenly the experts are used (the per-expert table, empty on other models)."""
@@ -193,7 +179,9 @@ class Session:
                  **macs_per_token(self.model, next(self.batches(split, EVAL_MAX_TOKENS, 1)))}
         load = expert_load(self.model, self.batches(split, EVAL_MAX_TOKENS))
         if not load.empty:
-            costs.update(**self.moa_settings(), **load_summary(load))
+            model_cfg = self.loaded.cfg.model  # the MoA settings as the checkpoint records them
+            costs.update({key: getattr(model_cfg, key) for key in ("moa_experts", "moa_top_k", "moa_head_dim", "moa_types")},
+                         **load_summary(load))
         return costs, load
 
     # ---------------------------------------------------------------------------------------- changing

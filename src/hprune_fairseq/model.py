@@ -233,6 +233,15 @@ class HpruneTransformerModel(TransformerModel):
             return p_open.sum() / layers
         raise ValueError(f"unknown L0 normalisation '{normalize}'; use sum or layer_mean")
 
+    def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:
+        """The attention sublayers that are MoA layers (none in an hprune_transformer)."""
+        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m, MoAAttention))
+
+    def moa_aux_loss(self) -> Optional[Tensor]:
+        """The weighted auxiliary losses of the last forward, summed over MoA layers (per token, see moa.py)."""
+        losses = [m.aux_loss for _, _, m in self.moa_layers() if m.aux_loss is not None]
+        return torch.stack(losses).sum() if losses else None
+
     def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
         """Physically remove every head not listed (see HeadAttention.prune_heads)."""
         for kind, layer, module in self.attention_modules():
@@ -277,13 +286,6 @@ class HpruneMoAModel(HpruneTransformerModel):
         check_attention_types(args.moa_types, "--moa-types", "enc-self")
         return super().build_model(args, task)
 
-    def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:
-        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m, MoAAttention))
-
-    def moa_aux_loss(self) -> Optional[Tensor]:
-        """The weighted auxiliary losses of the last forward, summed over MoA layers (per token, see moa.py)."""
-        losses = [m.aux_loss for _, _, m in self.moa_layers() if m.aux_loss is not None]
-        return torch.stack(losses).sum() if losses else None
 
 
 def _moa_defaults(args, experts: int, top_k: int, head_dim: int) -> None:

@@ -19,7 +19,6 @@ from typing import Dict, List, Sequence, Tuple
 import pandas as pd
 import torch
 
-RELATIONS = ("nsubj", "dobj", "amod", "advmod")
 POSITIONAL_SHARE, SYNTACTIC_MARGIN = 0.9, 0.10
 
 

@@ -70,7 +70,7 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
     if (root / "READY").exists():
         return bin_dir(data, data_root)
     if data.kind == "wmt":
-        wmt.check(data)  # before anything is created or downloaded
+        wmt.check_wmt(data)  # before anything is created or downloaded
     log.info("preparing %s data in %s", data.name, root)
     staging = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -27,7 +27,7 @@ def _dataset(name: str):
     return DATASETS[name]
 
 
-def check(names: list[str], src: str, tgt: str) -> None:
+def check_test_sets(names: list[str], src: str, tgt: str) -> None:
     for name in names:
         dataset = _dataset(name)
         if f"{src}-{tgt}" not in dataset.langpairs:

@@ -21,9 +21,8 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SPLITS = ("train", "valid", "test")
 SRC, TGT = "src", "tgt"
-ARC_LABELS = ("nsubj", "dobj", "amod", "advmod")
+ARC_LABELS = ("nsubj", "dobj", "amod", "advmod")  # the relations of the gold arcs (raw/<split>.arcs.jsonl)
 
 
 @dataclass(frozen=True)

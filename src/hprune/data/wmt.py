@@ -49,7 +49,7 @@ def config_key(data: DictConfig) -> str:
     return key_of({"params": params, "version": STAGE_VERSION})
 
 
-def check(data: DictConfig) -> None:
+def check_wmt(data: DictConfig) -> None:
     """Reject a data config that cannot work before anything is downloaded."""
     src, tgt = data.src_lang, data.tgt_lang
     if src == tgt:
@@ -70,7 +70,7 @@ def check(data: DictConfig) -> None:
         raise UserError(f"data.on_bad_utf8 must be fail or skip, not '{data.on_bad_utf8}'")
     if data.subsample is not None and int(data.subsample) <= 0:
         raise UserError(f"data.subsample must be a positive number of sentence pairs or null, not {data.subsample}")
-    testsets.check(list(data.test_sets), src, tgt)
+    testsets.check_test_sets(list(data.test_sets), src, tgt)
 
 
 # --------------------------------------------------------------------------------------------- stages
@@ -241,7 +241,7 @@ def prepare_text(data: DictConfig, data_root: Path) -> dict[str, Path]:
     """Every stage up to BPE'd text. The training side and the test side are separate chains, so adding a test
     set does not re-tokenize the training corpus. Returns the stage folders: train (clean), test (BPE'd test
     sets), and raw_test (their untokenized sources and pristine references)."""
-    check(data)
+    check_wmt(data)
     stages = data_root / "stages" / data.name
     downloads = _fetch_all(data, data_root)
     langs = {"src": data.src_lang, "tgt": data.tgt_lang}

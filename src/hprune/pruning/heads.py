@@ -33,7 +33,7 @@ def moa_types(model) -> Set[str]:
 
 def moa_layers(model) -> List[Tuple[str, int, object]]:
     """(type, layer, module) of the model's MoA layers; none for a plain hprune_transformer."""
-    return list(model.moa_layers()) if hasattr(model, "moa_layers") else []
+    return list(model.moa_layers())
 
 
 def layout(model) -> Dict[str, List[int]]:

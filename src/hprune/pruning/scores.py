@@ -1,5 +1,5 @@
 """Per-head scores that order heads for pruning; a higher score means a more important head (the math; the
-registered orders that use it are in pruning/methods/orders.py).
+registered orders that use it are in methods/orders.py).
 
 Each function returns a DataFrame (type, layer, head, importance) over the heads the model still has.
 

@@ -27,7 +27,7 @@ METRIC_COLUMNS = ("method", "head_budget", "kept_heads", "kept_enc_self", "kept_
                   "pct_pruned", "bleu", "delta_bleu", "bleu_finetuned", "bleu_scratch", "chrf", "valid_loss")
 
 
-def collect(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str]]:
+def sweep_rows(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str]]:
     """(one row per finished job: its overrides, then its headline metrics; the incomplete jobs' dirs)."""
     import pandas as pd  # here, not at import: Hydra builds this callback at the start of every run
     rows, incomplete = [], []
@@ -49,7 +49,7 @@ def collect(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str]]:
 def write_table(sweep_dir: Path) -> pd.DataFrame:
     from .tables import markdown
 
-    table, incomplete = collect(sweep_dir)
+    table, incomplete = sweep_rows(sweep_dir)
     if not table.empty:
         constant = [c for c in table.columns if c != "job" and table[c].astype(str).nunique() == 1
                     and c not in METRIC_COLUMNS]

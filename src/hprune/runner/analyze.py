@@ -33,7 +33,7 @@ def read_arcs(path: Path) -> list:
                         "dependent], ...]}}") from None
 
 
-def run(cfg: DictConfig) -> dict:
+def analyze(cfg: DictConfig) -> dict:
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
     session = Session.open(cfg)
@@ -95,4 +95,4 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-main = hydra_app("analyze")(run)
+main = hydra_app("analyze")(analyze)

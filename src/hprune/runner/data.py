@@ -12,7 +12,7 @@ from . import hydra_app
 log = logging.getLogger(__name__)
 
 
-def run(cfg: DictConfig) -> dict:
+def data(cfg: DictConfig) -> dict:
     if cfg.action != "prepare":
         raise UserError(f"unknown data action '{cfg.action}'; use `hprune data prepare`")
     bin_dir = prepare(cfg.data, cfg.paths.data_root)
@@ -20,4 +20,4 @@ def run(cfg: DictConfig) -> dict:
     return {"data_bin": str(bin_dir)}
 
 
-main = hydra_app("data", writes_metrics=False)(run)
+main = hydra_app("data", writes_metrics=False)(data)

@@ -11,7 +11,7 @@ from ..pruning.heads import kept_columns
 from . import hydra_app
 
 
-def run(cfg: DictConfig) -> dict:
+def evaluate(cfg: DictConfig) -> dict:
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
     session = Session.open(cfg)
@@ -40,4 +40,4 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-main = hydra_app("eval")(run)
+main = hydra_app("eval")(evaluate)

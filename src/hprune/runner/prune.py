@@ -4,7 +4,7 @@ Flow: score the heads (head_importance.csv) -> optional ablations on the unprune
 for the method's order and any baseline orders (curve.csv/.md) -> pick a mask (head_mask.json) -> optionally
 remove its heads physically (checkpoints/checkpoint_pruned.pt) and check it against the masked model.
 metrics.json is written last (by the verb wrapper): a run without it did not finish. Methods that train (Voita's
-gates) run their own procedure under the same verb (pruning/methods/).
+gates) run their own procedure under the same verb (hprune/methods/).
 """
 from __future__ import annotations
 
@@ -60,6 +60,14 @@ def check_settings(p: DictConfig, orders: List[str]) -> List[float]:
     return sorted(set(steps) | ({p.target_pct} if p.target_pct is not None else set()))
 
 
+def head_scores(session, method: str, mask: Optional[Mask] = None) -> pd.DataFrame:
+    """A registered order's head scores (methods/), computed under `mask`."""
+    from ..methods import get_method
+
+    with session.masked(mask):
+        return get_method(method).score(session, session.cfg.prune)
+
+
 def ablations(session, pool: Set[Head], importance: pd.DataFrame, unpruned: dict, out: Path) -> None:
     """Michel et al.'s two ablations on the unpruned model: every head removed alone; every layer reduced to
     its most important head."""
@@ -95,13 +103,13 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
     if initial_state is not None:  # fine-tuning changed the weights: every order starts from the checkpoint
         session.load_state(initial_state)
     session.set_mask(None)
-    table = session.scores(method, p)
+    table = head_scores(session, method)
     pruned: Set[Head] = set()
     rows, chosen = [], None
     for step, pct in enumerate(steps):
         n = heads_to_prune(len(pool), pct)
         if p.reestimate and pruned:
-            table = session.scores(method, p, mask_without(session.model, pruned))
+            table = head_scores(session, method, mask_without(session.model, pruned))
         pruned = extend_pruned(table, pruned, n, pool, p.min_heads_per_layer)
         mask = mask_without(session.model, pruned)
         if p.finetune.updates and n:
@@ -118,8 +126,8 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
     return rows, chosen
 
 
-def run(cfg: DictConfig) -> dict:
-    from ..pruning.methods import get_method, method_names
+def prune(cfg: DictConfig) -> dict:
+    from ..methods import get_method, method_names
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
     p = cfg.prune
@@ -144,7 +152,7 @@ def run(cfg: DictConfig) -> dict:
                         "prune.target_pct or that minimum")
     out = run_dir()
 
-    importance = ranked(session.scores(p.method, p))
+    importance = ranked(head_scores(session, p.method))
     importance.insert(3, "id", [michel_id(h) for h in importance[["type", "layer", "head"]].itertuples(index=False, name=None)])
     write_atomic(out / "head_importance.csv", importance.sort_values(["type", "layer", "head"]).to_csv(index=False))
     plots.head_heatmaps(importance, "importance", out / "head_importance.png", f"{p.method} head scores")
@@ -204,4 +212,4 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-main = hydra_app("prune")(run)
+main = hydra_app("prune")(prune)

@@ -98,7 +98,7 @@ def _run_heatmaps(report: Report, runs: pd.DataFrame) -> None:
                               lambda paths: plots.head_heatmaps(table, value, paths, f"{title}: {run.run}"))
 
 
-def run(cfg: DictConfig) -> dict:
+def report_runs(cfg: DictConfig) -> dict:
     roots = OmegaConf.to_container(cfg.runs) if OmegaConf.is_list(cfg.runs) else [cfg.runs]
     group_by = list(cfg.group_by)
     collection = collect([Path(r) for r in roots])
@@ -131,4 +131,4 @@ def run(cfg: DictConfig) -> dict:
     return {"runs": len(collection.runs), "incomplete": len(collection.incomplete)}
 
 
-main = hydra_app("report", writes_metrics=False)(run)
+main = hydra_app("report", writes_metrics=False)(report_runs)

@@ -21,7 +21,7 @@ def heads_per_layer(cfg: DictConfig) -> dict:
     return {kind: [sum(row) for row in rows] for kind, rows in read_mask(cfg.head_mask, layout, "head_mask").items()}
 
 
-def run(cfg: DictConfig) -> dict:
+def train(cfg: DictConfig) -> dict:
     from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
 
     out = run_dir()
@@ -43,4 +43,4 @@ def run(cfg: DictConfig) -> dict:
     return metrics
 
 
-main = hydra_app("train")(run)
+main = hydra_app("train")(train)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from omegaconf import DictConfig
 
-from .. import scores
+from ..pruning import scores
 from . import register_method
 
 

@@ -3,7 +3,7 @@
 A method is either an *order* (`score(session, settings) -> DataFrame`: a score per head, higher = more
 important; `hprune prune` prunes cumulatively in ascending order and draws the curve) or a *procedure* that
 trains (`run(session, cfg, out) -> metrics dict`, e.g. Voita's gates). Register it in any module of this
-package; the name is the one `prune.method`, `--method`, the report and the docs use:
+package (found on its own); the name is the one `prune.method`, `--method`, the report and the docs use:
 
     @register_method("michel")
     def michel(session, p): ...
@@ -18,7 +18,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from ...errors import UserError
+from ..errors import UserError
 
 
 @dataclass(frozen=True)

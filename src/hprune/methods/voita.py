@@ -16,11 +16,12 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from ...attention_types import ATTENTION_TYPES, check_attention_types
-from ...errors import UserError
-from ...files import write_atomic, write_json
-from ...reporting import plots
-from ..heads import kept_columns, mask_without, present_heads
+from .. import backend
+from ..attention_types import ATTENTION_TYPES, check_attention_types
+from ..errors import UserError
+from ..files import write_atomic, write_json
+from ..pruning.heads import kept_columns, mask_without, present_heads
+from ..reporting import plots
 from . import register_method
 
 ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
@@ -40,7 +41,6 @@ def check_settings(p: DictConfig) -> None:
                         f"{p.budget_warmup} >= 0")
     if p.finetune.updates < 0:
         raise UserError(f"prune.finetune.updates={p.finetune.updates} must be >= 0")
-    from ... import backend
     backend.check_schedule(p.optim, "prune.optim")
 
 
@@ -91,15 +91,12 @@ def gated_training_argv(cfg: DictConfig, start, save: Path) -> list:
                     "--l0-budget-warmup", str(p.budget_warmup)]
     options += ["--gate-log-alpha-init", str(p.gate_init)] if p.gate_init is not None else []
     options += ["--freeze-decoder"] if p.freeze_decoder else []
-    from ... import backend
     return start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(p.optim))
 
 
 def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
     """Voita et al.'s control: the surviving head configuration trained from scratch, with the checkpoint's own
     training settings (model, optim, seed) on this run's data; its BLEU on the same split."""
-    from ... import backend
-
     cfg = start.cfg
     control = OmegaConf.create({
         "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
@@ -117,8 +114,6 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
 @register_method("voita", trains=True, check=check_settings)
 def voita(start, cfg: DictConfig, out: Path) -> dict:
     """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
-    from ... import backend
-
     p = cfg.prune
     recipe = training_recipe(start.checkpoint) if p.from_scratch else None
     pool = {head for head in present_heads(start.model) if head[0] in p.types}
