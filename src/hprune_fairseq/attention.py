@@ -13,7 +13,8 @@ Compared with the stock module it adds, in one place:
 Heads keep their original ids (`head_ids`) through pruning, so masks always have the unpruned layout.
 It never takes fairseq's fast path (`F.multi_head_attention_forward`), which would silently skip the mask
 and return head-averaged weights even when per-head ones are asked for.
-Parameters and state-dict keys are the stock module's, so stock weights load unchanged.
+Parameters and state-dict keys are the stock module's, so stock weights load unchanged. The module scripts with
+TorchScript, as the stock one does (recording weights and outputs is left out of a scripted module).
 """
 
 from typing import Dict, Optional, Tuple

@@ -116,11 +116,12 @@ def check_model(model_cfg: DictConfig, optim_cfg: DictConfig) -> None:
 def check_schedule(optim_cfg: DictConfig, setting: str = "optim") -> None:
     """fairseq reads max_update=0 (and max_epoch=0) as "no limit": a run that was meant to be short would
     train forever, so a limit must be a positive number, or null for none."""
-    for key in ("max_update", "max_epoch"):
+    for key, other in (("max_update", "max_epoch"), ("max_epoch", "max_update")):
         value = optim_cfg.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise UserError(f"{setting}.{key}={value} is not a positive number of {key[4:]}s (fairseq would read 0 as "
-                            f"'no limit' and train forever); give e.g. {setting}.{key}=100, or null for no limit")
+                            f"'no limit' and train forever); give e.g. {setting}.{key}=100, or {setting}.{key}=null "
+                            f"to leave the limit to {setting}.{other}")
     if optim_cfg.get("max_update") is None and optim_cfg.get("max_epoch") is None:
         raise UserError(f"{setting}.max_update and {setting}.max_epoch are both null, so training would never stop; "
                         f"set one, e.g. {setting}.max_update=1000")

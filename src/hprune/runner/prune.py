@@ -144,8 +144,9 @@ def prune(cfg: DictConfig) -> dict:
     experts = sorted(moa_types(model) & set(p.types))
     needs_maps = [name for name in (p.method, *p.baselines) if get_method(name).needs_head_maps]
     if experts and needs_maps:
+        others = ", ".join(name for name in orders if not get_method(name).needs_head_maps)
         raise UserError(f"{needs_maps[0]} needs per-head attention maps, which the MoA experts of {', '.join(experts)} "
-                        "do not have; rank experts with michel, magnitude or random (prune.baselines=...)")
+                        f"do not have; rank experts with {others} (prune.baselines=...)")
     if max(steps) > 0 and heads_to_prune(len(pool), max(steps)) > max_prunable(pool, p.min_heads_per_layer):
         raise UserError(f"{max(steps)} % of the {len(pool)} heads of {', '.join(p.types)} is more than can be pruned "
                         f"with prune.min_heads_per_layer={p.min_heads_per_layer}; lower prune.step_pct's range, "
