@@ -89,7 +89,7 @@ def _in_process(args: list[str], cwd: Path) -> sp.CompletedProcess:
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("train") / "run"
-    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN, subprocess=True)  # the train verb as its own process
+    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN)  # (the train verb as its own process: test_train_eval)
     return run
 
 

@@ -99,9 +99,10 @@ def test_unsafe_checkpoint_is_refused_and_not_run(tmp_path):
 
 def test_checkpoint_of_another_architecture(trained_run, tmp_path):
     state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
-    state["cfg"]["model"].arch = state["cfg"]["model"]._name = "transformer"
-    torch.save(state, tmp_path / "stock.pt")
-    assert_one_line_error(eval_error(tmp_path / "stock.pt", tmp_path), "'transformer' model, not an hprune model")
+    state["cfg"]["model"].arch = state["cfg"]["model"]._name = "lstm"
+    torch.save(state, tmp_path / "lstm.pt")
+    assert_one_line_error(eval_error(tmp_path / "lstm.pt", tmp_path), "'lstm' model, which hprune cannot run",
+                          "fairseq translation Transformers (transformer, ")
 
 
 def test_checkpoint_of_another_vocabulary(trained_run, tmp_path):

@@ -115,9 +115,9 @@ def test_bad_settings(trained_run, tmp_path, extra, expected):
 def test_checkpoint_that_is_not_an_hprune_model(trained_run, tmp_path):
     import torch
     state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
-    state["cfg"]["model"].arch = state["cfg"]["model"]._name = "transformer"
-    torch.save(state, tmp_path / "stock.pt")
-    assert_one_line_error(run_error(trained_run, tmp_path, ckpt=tmp_path / "stock.pt"), "not an hprune model")
+    state["cfg"]["model"].arch = state["cfg"]["model"]._name = "lstm"
+    torch.save(state, tmp_path / "lstm.pt")
+    assert_one_line_error(run_error(trained_run, tmp_path, ckpt=tmp_path / "lstm.pt"), "'lstm' model, which hprune cannot run")
 
 
 def test_method_sugar():

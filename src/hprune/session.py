@@ -228,4 +228,4 @@ class Session:
     def provenance(self) -> dict:
         """The keys of metrics.json that say which model, data and device a verb measured."""
         return {"checkpoint": str(self.checkpoint.absolute()), "data_bin": str(self.data_bin), "device": self.device,
-                "n_params": self.n_params()}
+                "n_params": self.n_params(), "imported_from": self.loaded.imported_from}

@@ -1,6 +1,8 @@
-"""Opening an hprune checkpoint safely against a data-bin's dictionaries, and writing a physically pruned copy."""
+"""Opening a checkpoint safely against a data-bin's dictionaries (hprune's own, or any fairseq translation
+Transformer, run as hprune's architecture), and writing a physically pruned copy."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import dataclass
@@ -8,13 +10,41 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
 
 from ..errors import UserError
 from .compat import HPRUNE_ARCHS, check_precision, resolve_device
 from .training import save_checkpoint_atomic
+
+# fairseq's translation Transformer family: the same parameters and state-dict keys as hprune_transformer, which
+# runs them (dimensions as the checkpoint records them, wherever they differ from the arch's defaults)
+FAIRSEQ_TRANSFORMERS = ("transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
+                        "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
+                        "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t")
+
+
+def model_arch(model_cfg) -> Optional[str]:
+    return getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", None)  # a Namespace for legacy models
+
+
+def as_hprune_model(model_cfg, ckpt: Path) -> Optional[str]:
+    """Make a checkpoint's model config an hprune one, in place: a fairseq Transformer becomes an
+    hprune_transformer with the same recorded dimensions, and `imported_from` keeps its own arch. Returns the
+    arch it came from (None for hprune's own); anything else is refused in one line."""
+    arch = model_arch(model_cfg)
+    if arch in HPRUNE_ARCHS:
+        return getattr(model_cfg, "imported_from", None)
+    if arch not in FAIRSEQ_TRANSFORMERS:
+        raise UserError(f"{ckpt} holds a '{arch}' model, which hprune cannot run: it takes fairseq translation "
+                        f"Transformers ({', '.join(FAIRSEQ_TRANSFORMERS)}) and its own models ({', '.join(HPRUNE_ARCHS)})")
+    with open_dict(model_cfg) if isinstance(model_cfg, DictConfig) else contextlib.nullcontext():
+        for key in ("_name", "arch"):
+            if key == "arch" or hasattr(model_cfg, key):
+                setattr(model_cfg, key, "hprune_transformer")
+        setattr(model_cfg, "imported_from", arch)
+    return arch
 
 
 @dataclass
@@ -24,10 +54,12 @@ class Loaded:
     cfg: DictConfig  # the checkpoint's fairseq config
     path: Path
     device: str
+    imported_from: Optional[str] = None  # the fairseq arch of a stock checkpoint, run as hprune_transformer
 
 
 def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
-    """Load an hprune checkpoint for inference against the dictionaries in data_dir, refusing anything unsafe."""
+    """Load a checkpoint (hprune's, or a fairseq Transformer's as an hprune_transformer) for inference against the
+    dictionaries in data_dir, refusing anything unsafe."""
     from fairseq import checkpoint_utils, tasks
 
     if not ckpt.is_file():
@@ -39,10 +71,7 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
     if state.get("cfg") is not None:  # as fairseq's load_checkpoint_to_cpu does after torch.load
         state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
     cfg = checkpoint_utils._upgrade_state_dict(state)["cfg"]  # also turns a legacy `args` into a config
-    arch = getattr(cfg.model, "_name", None) or getattr(cfg.model, "arch", None)  # a Namespace for legacy models
-    if arch not in HPRUNE_ARCHS:
-        raise UserError(f"{ckpt} holds a '{arch}' model, not an hprune model ({', '.join(HPRUNE_ARCHS)}); "
-                        "train one with `hprune train`")
+    imported_from = as_hprune_model(cfg.model, ckpt)
     if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
         raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
                         f"{cfg.task.source_lang}-{cfg.task.target_lang} data; pass the matching data=...")
@@ -72,7 +101,7 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
     elif precision == "bf16":
         model.to(torch.bfloat16)
     model.to(device)
-    return Loaded(model, task, cfg, ckpt, device)
+    return Loaded(model, task, cfg, ckpt, device, imported_from)
 
 
 def count_parameters(model: torch.nn.Module) -> int:
@@ -98,6 +127,7 @@ def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[
     state = load_checkpoint(config_from or loaded.path)
     state["model"] = model.state_dict()
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
+    as_hprune_model(model_cfg, config_from or loaded.path)  # a stock Transformer's export is an hprune model
     setattr(model_cfg, "kept_heads", json.dumps(kept, separators=(",", ":")))
     state["last_optimizer_state"] = None
     save_checkpoint_atomic(state, dest)
