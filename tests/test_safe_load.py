@@ -1,4 +1,4 @@
-"""fairseq checkpoints load under weights_only=True with exactly one allow-listed class; anything else is refused."""
+"""fairseq checkpoints load under weights_only=True with exactly the allow-listed classes; anything else is refused."""
 import argparse
 import os
 import pickle
@@ -18,8 +18,37 @@ class RunsCommandOnLoad:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_allow_list_is_exactly_namespace():
-    assert SAFE_GLOBALS == [argparse.Namespace]
+def test_allow_list_is_exactly_namespace_and_the_legacy_meters():
+    """The legacy `args` and fairseq 0.6-0.9's three training meters, under the names they were pickled with."""
+    from hprune_fairseq.safe_load import LegacyMeter
+    assert SAFE_GLOBALS == [argparse.Namespace] + [(LegacyMeter, f"fairseq.meters.{name}")
+                                                   for name in ("AverageMeter", "TimeMeter", "StopwatchMeter")]
+
+
+def test_only_the_listed_legacy_names_load(tmp_path):
+    """A legacy meter loads as plain data; another class under the same old module path is refused."""
+    import sys
+    import types
+
+    legacy = types.ModuleType("fairseq.meters")
+    for name in ("AverageMeter", "OtherThing"):
+        setattr(legacy, name, type(name, (), {"__module__": "fairseq.meters"}))
+    saved = sys.modules.get("fairseq.meters")
+    sys.modules["fairseq.meters"] = legacy
+    try:
+        meter, other = legacy.AverageMeter(), legacy.OtherThing()
+        meter.avg, meter.count = 2.5, 4
+        torch.save({"model": {}, "extra_state": {"train_meters": {"train_loss": meter}}}, tmp_path / "old.pt",
+                   _use_new_zipfile_serialization=False)
+        torch.save({"model": {}, "x": other}, tmp_path / "other.pt", _use_new_zipfile_serialization=False)
+    finally:
+        sys.modules.pop("fairseq.meters")
+        if saved is not None:
+            sys.modules["fairseq.meters"] = saved
+    loaded = load_checkpoint(tmp_path / "old.pt")["extra_state"]["train_meters"]["train_loss"]
+    assert (loaded.avg, loaded.count) == (2.5, 4)
+    with pytest.raises(UnsafeCheckpointError, match="fairseq.meters.OtherThing"):
+        load_checkpoint(tmp_path / "other.pt")
 
 
 def test_checkpoint_with_namespace_loads(tmp_path):

@@ -1,19 +1,32 @@
 """Safe loading of fairseq checkpoints under torch's `weights_only=True` unpickler.
 
-fairseq checkpoints pickle an `argparse.Namespace` (the legacy `args`) next to plain containers and tensors.
-That one class is allow-listed; anything else (an object whose unpickling would run code) makes torch refuse
+fairseq checkpoints pickle an `argparse.Namespace` (the legacy `args`) next to plain containers and tensors,
+and those written by fairseq 0.6-0.9 also their training meters. Exactly these are allow-listed (SAFE_GLOBALS,
+each under the name it was pickled with); anything else (an object whose unpickling would run code) makes torch refuse
 the file, and `load_checkpoint` turns the refusal into a clear error. There is no unsafe fallback.
 """
 from __future__ import annotations
 
 import argparse
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
 import torch
 
-SAFE_GLOBALS = [argparse.Namespace]
+
+class LegacyMeter:
+    """The state of a training meter that fairseq 0.6-0.9 pickled into `extra_state["train_meters"]`, kept as
+    plain data (its attributes) and never used: it only lets those checkpoints open under weights_only."""
+
+
+# Every global a fairseq checkpoint may pickle besides tensors and containers, with the module path it was
+# pickled under: the legacy `args`, and fairseq 0.6-0.9's meters (module fairseq.meters, now fairseq.logging.meters)
+SAFE_GLOBALS = [argparse.Namespace,
+                (LegacyMeter, "fairseq.meters.AverageMeter"),
+                (LegacyMeter, "fairseq.meters.TimeMeter"),
+                (LegacyMeter, "fairseq.meters.StopwatchMeter")]
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -35,7 +48,8 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        unsafe = _unsafe_globals(path)
+        # the zip format can be listed; for the legacy format, torch's message names the first refused global
+        unsafe = _unsafe_globals(path) or re.findall(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
         if unsafe or "Unsupported global" in str(err):
             names = ", ".join(unsafe) or "unknown objects"
             raise UnsafeCheckpointError(
@@ -56,5 +70,5 @@ def _unsafe_globals(path: Path) -> list[str]:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # the file may be too damaged to list; the caller reports it either way
         return []
-    allowed = {f"{g.__module__}.{g.__qualname__}" for g in SAFE_GLOBALS}
+    allowed = {g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}" for g in SAFE_GLOBALS}
     return [g for g in found if g not in allowed]

@@ -91,3 +91,18 @@ def check_precision(device: str, precision: str, training: bool) -> None:
         # fairseq trains in bf16 only on CUDA (elsewhere it assumes a TPU); fp16 kernels need CUDA
         what = "training" if training and precision == "bf16" else "it"
         raise UserError(f"precision={precision} needs a CUDA device for {what}; use precision=fp32 on the CPU")
+
+
+def upgrade_checkpoint(state: dict) -> DictConfig:
+    """fairseq's checkpoint upgrades (checkpoint_utils._upgrade_state_dict), returning the checkpoint's config. A
+    checkpoint of fairseq 0.6-0.9 holds only a legacy `args`, which the upgrade turns into a config with
+    convert_namespace_to_omegaconf: run through to_omegaconf, so that it works inside a Hydra app too."""
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.convert_namespace_to_omegaconf
+    checkpoint_utils.convert_namespace_to_omegaconf = to_omegaconf
+    try:
+        return checkpoint_utils._upgrade_state_dict(state)["cfg"]
+    finally:
+        checkpoint_utils.convert_namespace_to_omegaconf = original
+

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
 
 from ..errors import UserError
-from .compat import HPRUNE_ARCHS, check_precision, resolve_device
+from .compat import HPRUNE_ARCHS, check_precision, resolve_device, upgrade_checkpoint
 from .training import save_checkpoint_atomic
 
 # fairseq's translation Transformer family: the same parameters and state-dict keys as hprune_transformer, which
@@ -60,7 +60,7 @@ class Loaded:
 def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
     """Load a checkpoint (hprune's, or a fairseq Transformer's as an hprune_transformer) for inference against the
     dictionaries in data_dir, refusing anything unsafe."""
-    from fairseq import checkpoint_utils, tasks
+    from fairseq import tasks
 
     if not ckpt.is_file():
         raise UserError(f"checkpoint {ckpt} does not exist; pass ckpt=<run dir or .pt file> of a finished train run")
@@ -70,7 +70,7 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
         raise UserError(str(err)) from None
     if state.get("cfg") is not None:  # as fairseq's load_checkpoint_to_cpu does after torch.load
         state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
-    cfg = checkpoint_utils._upgrade_state_dict(state)["cfg"]  # also turns a legacy `args` into a config
+    cfg = upgrade_checkpoint(state)  # also turns a legacy `args` into a config
     imported_from = as_hprune_model(cfg.model, ckpt)
     if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
         raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
