@@ -33,3 +33,19 @@ def test_last_epochs_averaged_in_epoch_order_and_used_by_run_dirs(tmp_path):
 def test_nothing_to_average_is_a_clear_error(tmp_path):
     with pytest.raises(UserError, match="no epoch checkpoints"):
         backend.average_checkpoints(tmp_path, 10)
+
+
+def test_published_directories_resolve_to_their_model_and_ensembles_name_a_member(tmp_path):
+    """fairseq's published tarballs unpack to model.pt (or model1.pt ... for an ensemble, which must say which)."""
+    single = tmp_path / "wmt14.en-fr.joined-dict.transformer"
+    single.mkdir()
+    save(single / "model.pt", torch.zeros(1), 0)
+    assert resolve_checkpoint(single) == single / "model.pt"
+    ensemble = tmp_path / "wmt19.en-ru.ensemble"
+    ensemble.mkdir()
+    for i in (1, 2, 3, 4, 10):
+        save(ensemble / f"model{i}.pt", torch.zeros(1), 0)
+    with pytest.raises(UserError, match=r"ensemble of 5 models \(model1.pt, model2.pt, model3.pt, model4.pt, "
+                                        r"model10.pt\); .* pass one of them, e.g. ckpt=.*model1.pt"):
+        resolve_checkpoint(ensemble)
+    assert resolve_checkpoint(ensemble / "model2.pt") == ensemble / "model2.pt"

@@ -27,14 +27,21 @@ EVAL_MAX_TOKENS = 4096  # teacher-forced batches for the MAC count and the exper
 
 
 def resolve_checkpoint(ckpt: str | Path) -> Path:
-    """A .pt file as given; for a train run dir (or its checkpoints/), the averaged checkpoint when the run made one
-    (train.average_last), else checkpoint_best.pt."""
+    """A .pt file as given. A directory: a train run dir (or its checkpoints/) gives the averaged checkpoint when
+    the run made one (train.average_last), else checkpoint_best.pt; a published model's directory gives its
+    model.pt; an ensemble's (model1.pt, model2.pt, ...) must say which member."""
     path = Path(ckpt).expanduser()
     if not path.is_dir():
         return path
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    return next((folder / name for name in (backend.AVERAGED, "checkpoint_best.pt")
-                 if (folder / name).exists()), folder / "checkpoint_best.pt")
+    for name in (backend.AVERAGED, "checkpoint_best.pt", "model.pt"):
+        if (folder / name).exists():
+            return folder / name
+    members = sorted(folder.glob("model[0-9]*.pt"), key=lambda p: int(p.stem[5:]) if p.stem[5:].isdigit() else 0)
+    if members:
+        raise UserError(f"{folder} holds an ensemble of {len(members)} models ({', '.join(p.name for p in members)}); "
+                        f"hprune measures one model at a time: pass one of them, e.g. ckpt={members[0]}")
+    return folder / "checkpoint_best.pt"
 
 
 def read_references(raw_file: Path, n: int) -> list[str]:

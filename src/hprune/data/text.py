@@ -39,6 +39,27 @@ def _subword_nmt(codes: str) -> Callable[[str], str]:
     return lambda line: bpe.segment(line.strip())
 
 
+def fastbpe_codes_to_subword_nmt(src: Path, dest: Path) -> Path:
+    """fastBPE's codes (WMT19 models: `left right count` a line, in merge order; the last character of a word
+    carries `</w>`) as subword-nmt codes (version 0.2: the same merges and end-of-word convention, without the
+    counts, under a `#version: 0.2` header), which subword-nmt then applies as fastBPE would (fastBPE does not
+    build on Python 3.11). Codes already in subword-nmt's format are copied as they are."""
+    from ..errors import UserError
+    from ..files import write_atomic
+
+    lines = Path(src).read_text(encoding="utf-8").splitlines()
+    if lines and lines[0].startswith("#version"):
+        return write_atomic(dest, "\n".join(lines) + "\n")
+    merges = []
+    for number, line in enumerate(lines, 1):
+        fields = line.split(" ")
+        if len(fields) != 3 or not fields[2].isdigit() or not fields[0] or not fields[1]:
+            raise UserError(f"{src}:{number} is not a fastBPE merge ('left right count'): {line[:60]!r}; "
+                            "pass the model's own bpecodes")
+        merges.append(f"{fields[0]} {fields[1]}")
+    return write_atomic(dest, "#version: 0.2\n" + "".join(m + "\n" for m in merges))
+
+
 def _sentencepiece(model: str) -> Callable[[str], str]:
     import sentencepiece
 
