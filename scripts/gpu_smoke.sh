@@ -2,7 +2,8 @@
 # GPU smoke check (< 5 minutes on one GPU): transformer_base dimensions on the synthetic task for 300 updates
 # in bf16 and in fp16, evaluated with beam search, with training tokens/s printed next to stock fairseq-train's
 # (same dimensions, data and flags, `--arch transformer`), then a Michel pruning curve with physical export;
-# then MoA (8 of 16 experts) trained and evaluated in both precisions.
+# then a stock fairseq Transformer checkpoint evaluated by hprune in both precisions, then MoA (8 of 16 experts)
+# trained and evaluated in both precisions.
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,19 @@ print(f"{run.name}: hprune {ours:,.0f} tok/s, stock fairseq {stock:,.0f} tok/s, 
       f"{train['num_updates']} updates, valid loss {train['best_valid_loss']:.3f}; BLEU {evaluation['bleu']:.2f}, "
       f"{evaluation['sentences_per_s']} sentences/s")
 PY
+done
+
+# a stock fairseq Transformer (no plugin, `--arch transformer`, 50 updates) evaluated by hprune in both precisions
+stock_run="$OUT/runs/stock-transformer"
+stock=$(sed -e "s#--user-dir [^ ]* ##" -e "s#--arch hprune_transformer#--arch transformer#" \
+            -e "s#--criterion hprune#--criterion label_smoothed_cross_entropy#" -e "s#--max-update [0-9]*#--max-update 50#" \
+            -e "s#--save-dir [^ ]*#--save-dir $stock_run/checkpoints#" "$OUT/runs/bf16/fairseq-train.sh")
+eval "$(dirname "$PY")/$stock" > "$OUT/runs/stock-transformer.log" 2>&1
+for precision in bf16 fp16; do
+  "$PY" -m hprune_cli.main eval ckpt="$stock_run/checkpoints/checkpoint_last.pt" device=cuda precision=$precision \
+      hydra.run.dir="$stock_run/eval-$precision" | head -n 1
+  "$PY" -c "import json, sys; m = json.load(open(sys.argv[1])); print('stock transformer, $precision:', m['imported_from'], 'BLEU', m['bleu'])" \
+      "$stock_run/eval-$precision/metrics.json"
 done
 
 # MoA: sparse routing (8 of 16 experts of 128) trained and evaluated in bf16 and fp16
