@@ -40,10 +40,9 @@ def as_hprune_model(model_cfg, ckpt: Path) -> Optional[str]:
         raise UserError(f"{ckpt} holds a '{arch}' model, which hprune cannot run: it takes fairseq translation "
                         f"Transformers ({', '.join(FAIRSEQ_TRANSFORMERS)}) and its own models ({', '.join(HPRUNE_ARCHS)})")
     with open_dict(model_cfg) if isinstance(model_cfg, DictConfig) else contextlib.nullcontext():
-        for key in ("_name", "arch"):
-            if key == "arch" or hasattr(model_cfg, key):
-                setattr(model_cfg, key, "hprune_transformer")
-        setattr(model_cfg, "imported_from", arch)
+        if hasattr(model_cfg, "_name"):  # fairseq >= 0.10 records both names
+            model_cfg._name = "hprune_transformer"
+        model_cfg.arch, model_cfg.imported_from = "hprune_transformer", arch
     return arch
 
 
