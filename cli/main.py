@@ -14,14 +14,15 @@ import sys
 VERBS = {
     "train": ("hprune.runner.train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
     "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
-    "data": ("hprune.runner.data", "`hprune data prepare data=toy|wmt14_en_de|...`: download, prepare, binarize (cached)"),
+    "data": ("hprune.runner.data", "`hprune data prepare data=toy|wmt14_en_de|...`: download, prepare, binarize (cached);"
+                                   " `hprune data fetch published=NAME`: a published fairseq model"),
     "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
     "report": ("hprune.runner.report", "`hprune report DIR ...`: method comparison, λ and MoA tables, plots over runs"),
 }
 # words before or between the overrides: `hprune data prepare` -> action=prepare (one of the choices);
 # `hprune report A B` -> runs=['A','B'] (choices None: any number of free values)
-POSITIONAL = {"data": ("action", ("prepare",)), "report": ("runs", None)}
+POSITIONAL = {"data": ("action", ("prepare", "fetch")), "report": ("runs", None)}
 SUGAR = {"prune": {"--method": "prune"}}  # `hprune prune --method voita` -> prune=voita
 
 USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"

@@ -36,12 +36,12 @@ def stock_argv(hprune_script: Path, save_dir: Path, updates: int) -> list[str]:
     return out
 
 
-def fairseq_generate(data_bin: Path, ckpt: Path) -> list[str]:
+def fairseq_generate(data_bin: Path, ckpt: Path, *extra: str) -> list[str]:
     from hprune.backend import PLUGIN_DIR
     cmd = [os.path.join(os.path.dirname(HPRUNE[0]), "fairseq-generate"), str(data_bin), "--path", str(ckpt),
            "--gen-subset", "test", "--beam", "5", "--lenpen", "1.0", "--max-len-a", "1.2", "--max-len-b", "10",
            "--batch-size", "128", "--cpu", "--required-batch-size-multiple", "1"]
-    proc = subprocess.run(cmd + ["--user-dir", PLUGIN_DIR], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd + ["--user-dir", PLUGIN_DIR, *extra], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     hyps = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", proc.stdout, flags=re.M))
     return [hyps[str(i)] for i in range(len(hyps))]

@@ -150,7 +150,7 @@ def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trai
                             "generation": {"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1,
                                            "batch_size": 128, "max_tokens": None}})
     loaded = backend_load(trained_run, Path(unmasked["data_bin"]))
-    session = Session(cfg, loaded, Path(unmasked["data_bin"]))
+    session = Session(cfg, cfg.data, loaded, Path(unmasked["data_bin"]))
     mask = mask_without(session.model, {("enc-self", 0, 1), ("dec-enc", 1, 0), ("dec-enc", 1, 3), ("dec-self", 2, 2)})
     (tmp_path / "head_mask.json").write_text(json.dumps(mask))
     out = tmp_path / "eval"

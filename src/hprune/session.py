@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from . import backend
-from .data.prepare import prepare, test_set_of
+from .data.prepare import bind, prepare, test_set_of
 from .errors import UserError
 from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
 
@@ -65,8 +65,8 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
 
 
 class Session:
-    def __init__(self, cfg: DictConfig, loaded: backend.Loaded, data_bin: Path, criterion=None):
-        self.cfg, self.loaded, self.data_bin = cfg, loaded, data_bin
+    def __init__(self, cfg: DictConfig, data: DictConfig, loaded: backend.Loaded, data_bin: Path, criterion=None):
+        self.cfg, self.data, self.loaded, self.data_bin = cfg, data, loaded, data_bin
         self._criterion = criterion
         self._mask: Optional[Mask] = None
 
@@ -75,14 +75,15 @@ class Session:
         """cfg: a verb's config (ckpt, data, paths, device, precision, and generation where it translates)."""
         if cfg.get("generation") is not None:
             backend.check_generation(cfg.generation)  # before any work, not at the first translation
-        path = resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt)
-        data_bin = prepare(cfg.data, cfg.paths.data_root)
-        return cls(cfg, backend.load_model(path, data_bin, cfg.device, cfg.precision), data_bin)
+        checkpoint = backend.read_checkpoint(resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt))
+        data = bind(cfg.data, checkpoint.path, checkpoint.languages)  # a model's own data: from its folder
+        data_bin = prepare(data, cfg.paths.data_root)
+        return cls(cfg, data, backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision), data_bin)
 
     def reopen(self, ckpt: Path) -> "Session":
         """Another checkpoint (exported, retrained, gated) on this session's data and settings, measured with this
         session's criterion (a gated checkpoint's own has an L0 term; the gates are folded away before use)."""
-        return Session(self.cfg, backend.load_model(ckpt, self.data_bin, self.cfg.device, self.cfg.precision),
+        return Session(self.cfg, self.data, backend.load_model(ckpt, self.data_bin, self.cfg.device, self.cfg.precision),
                        self.data_bin, self.criterion)
 
     # ---------------------------------------------------------------------------------------- the model
@@ -159,9 +160,9 @@ class Session:
         """Beam search on a split (cfg.split) with cfg.generation, scored against the split's raw references:
         (translations, {bleu, chrf and their signatures})."""
         cfg, split = self.cfg, split or self.cfg.split
-        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, cfg.data.post_process,
-                                   cfg.data.tokenizer)
-        references = read_references(self.data_bin.parent / "raw" / f"{split}.{cfg.data.tgt_lang}", result.sentences)
+        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, self.data.post_process,
+                                   self.data.tokenizer)
+        references = read_references(self.data_bin.parent / "raw" / f"{split}.{self.data.tgt_lang}", result.sentences)
         return result, score(result.hypotheses, references)
 
     def loss(self, split: str, max_tokens: int) -> dict:

@@ -29,8 +29,8 @@ from .commands import (  # noqa: E402
 )
 from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa: E402
 from .finetuning import finetune  # noqa: E402
-from .generation import Translations, batches, split_loss, translate  # noqa: E402
-from .loading import Loaded, build_criterion, count_parameters, export_pruned, load_model  # noqa: E402
+from .generation import Translations, batches, split_loss, split_targets, translate  # noqa: E402
+from .loading import Checkpoint, Loaded, build_criterion, count_parameters, export_pruned, load_model, read_checkpoint  # noqa: E402
 from .training import (  # noqa: E402
     AVERAGED,
     average_checkpoints,
@@ -41,8 +41,9 @@ from .training import (  # noqa: E402
     train_speed,
 )
 
-__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Loaded", "Translations", "average_checkpoints",
+__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations", "average_checkpoints",
            "batches", "binarize", "build_criterion", "check_generation", "check_model", "check_schedule",
            "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned", "finetune", "flags",
-           "generation_argv", "head_layout", "load_model", "repair_resume_point", "resolve_device", "split_loss",
+           "generation_argv", "head_layout", "load_model", "read_checkpoint", "repair_resume_point", "resolve_device", "split_loss",
+           "split_targets",
            "train", "train_argv", "train_speed", "translate"]

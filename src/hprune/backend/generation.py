@@ -80,10 +80,11 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
             timer.stop(sum(len(h[0]["tokens"]) for h in hypos))
             for i, sample_id in enumerate(sample["id"].tolist()):
                 best = hypos[i][0]
-                _, text, _ = utils.post_process_prediction(
-                    hypo_tokens=best["tokens"].int().cpu(), src_str="", alignment=best["alignment"], align_dict=None,
-                    tgt_dict=task.target_dictionary, remove_bpe=cfg.common_eval.post_process,
-                    extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
+                # the hypothesis string of fairseq-generate's post_process_prediction, without its re-encoding of
+                # that string with add_if_not_exist=True, which with BPE removal adds every de-BPE'd word to the
+                # target dictionary, so the next generator built here would expect a larger vocabulary
+                text = task.target_dictionary.string(best["tokens"].int().cpu(), cfg.common_eval.post_process,
+                                                     extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
                 hypotheses[sample_id] = decode(text)
     missing = len(dataset) - len(hypotheses)
     if missing:
@@ -135,3 +136,24 @@ def split_loss(loaded: Loaded, criterion, split: str, max_tokens: int) -> dict:
         loss, nll = loss + float(value), nll + float(logging["nll_loss"])
         sample_size, ntokens = sample_size + size, ntokens + logging["ntokens"]
     return {"loss": loss / sample_size / math.log(2), "nll_loss": nll / ntokens / math.log(2)}
+
+
+def split_targets(data_bin: Path, split: str, src: str, tgt: str, post_process: Optional[str] = None,
+                  tokenizer: Optional[str] = None) -> List[str]:
+    """The target side of a binarized split as text, as fairseq-generate prints its T- lines (BPE removed,
+    detokenized): the references of a data-bin that came without its raw text."""
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary, data_utils, encoders
+
+    dictionary = Dictionary.load(str(Path(data_bin) / f"dict.{tgt}.txt"))
+    dataset = data_utils.load_indexed_dataset(str(Path(data_bin) / f"{split}.{src}-{tgt}.{tgt}"), dictionary)
+    if dataset is None:
+        raise UserError(f"{data_bin} has no {split} split with {tgt} targets ({split}.{src}-{tgt}.{tgt}.bin)")
+    detok = encoders.build_tokenizer(Namespace(tokenizer=tokenizer, moses_source_lang=src, moses_target_lang=tgt,
+                                               moses_no_dash_splits=False, moses_no_escape=False)) if tokenizer else None
+    lines = []
+    for i in range(len(dataset)):
+        text = dictionary.string(dataset[i], post_process, escape_unk=True)
+        lines.append(detok.decode(text) if detok is not None else text)
+    return lines

@@ -56,11 +56,23 @@ class Loaded:
     imported_from: Optional[str] = None  # the fairseq arch of a stock checkpoint, run as hprune_transformer
 
 
-def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
-    """Load a checkpoint (hprune's, or a fairseq Transformer's as an hprune_transformer) for inference against the
-    dictionaries in data_dir, refusing anything unsafe."""
-    from fairseq import tasks
+@dataclass
+class Checkpoint:
+    """A checkpoint read safely and upgraded, before any model is built: its weights, its fairseq config (the
+    model config already an hprune one) and the arch it was imported from."""
+    path: Path
+    state: dict
+    cfg: DictConfig
+    imported_from: Optional[str] = None
 
+    @property
+    def languages(self) -> tuple[str, str]:
+        return self.cfg.task.source_lang, self.cfg.task.target_lang
+
+
+def read_checkpoint(ckpt: Path) -> Checkpoint:
+    """Open a checkpoint file with the weights-only unpickler, upgrade it as fairseq would, and make its model
+    config an hprune one (a stock fairseq Transformer is imported; anything else is refused in one line)."""
     if not ckpt.is_file():
         raise UserError(f"checkpoint {ckpt} does not exist; pass ckpt=<run dir or .pt file> of a finished train run")
     try:
@@ -71,6 +83,31 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
         state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
     cfg = upgrade_checkpoint(state)  # also turns a legacy `args` into a config
     imported_from = as_hprune_model(cfg.model, ckpt)
+    if cfg.get("task") is None or cfg.task.get("source_lang") is None:
+        raise UserError(f"{ckpt} is not a translation checkpoint (its task records no source language); hprune "
+                        f"takes fairseq translation Transformers ({', '.join(FAIRSEQ_TRANSFORMERS)})")
+    return Checkpoint(ckpt, state, cfg, imported_from)
+
+
+def _check_vocabulary(checkpoint: Checkpoint, task, data_dir: Path) -> None:
+    """The embeddings' rows must be the dictionaries' sizes, on both sides."""
+    weights, (src, tgt) = checkpoint.state["model"], checkpoint.languages
+    sides = [("encoder.embed_tokens.weight", src, task.source_dictionary),
+             ("decoder.embed_tokens.weight", tgt, task.target_dictionary)]
+    for key, lang, dictionary in sides:
+        if key in weights and weights[key].shape[0] != len(dictionary):
+            raise UserError(f"{checkpoint.path} embeds {weights[key].shape[0]} {lang} words but {data_dir}/dict.{lang}.txt "
+                            f"has {len(dictionary)}: the dictionaries are not this model's; use the data it was trained "
+                            "on, or for a published model the dict.*.txt files that came with it (data=pretrained)")
+
+
+def load_model(ckpt: Path | Checkpoint, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
+    """Load a checkpoint (hprune's, or a fairseq Transformer's as an hprune_transformer; a path, or one already
+    read) for inference against the dictionaries in data_dir, refusing anything unsafe."""
+    from fairseq import tasks
+
+    checkpoint = ckpt if isinstance(ckpt, Checkpoint) else read_checkpoint(ckpt)
+    state, cfg, ckpt = checkpoint.state, checkpoint.cfg, checkpoint.path
     if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
         raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
                         f"{cfg.task.source_lang}-{cfg.task.target_lang} data; pass the matching data=...")
@@ -81,10 +118,7 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
                         "evaluate it with the data settings it was trained with")
     cfg.task.data = str(data_dir)
     task = tasks.setup_task(cfg.task)
-    vocab = state["model"]["encoder.embed_tokens.weight"].shape[0]
-    if vocab != len(task.source_dictionary):
-        raise UserError(f"{ckpt} was trained with a {vocab}-word vocabulary but {data_dir} has "
-                        f"{len(task.source_dictionary)} words; evaluate it on the data it was trained on")
+    _check_vocabulary(checkpoint, task, data_dir)
     model = task.build_model(cfg.model)
     try:
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)
@@ -100,7 +134,7 @@ def load_model(ckpt: Path, data_dir: Path, device: str = "cpu", precision: str =
     elif precision == "bf16":
         model.to(torch.bfloat16)
     model.to(device)
-    return Loaded(model, task, cfg, ckpt, device, imported_from)
+    return Loaded(model, task, cfg, ckpt, device, checkpoint.imported_from)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

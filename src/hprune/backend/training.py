@@ -23,15 +23,20 @@ AVERAGED = "checkpoint_averaged.pt"
 
 
 def binarize(text_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1, joined: bool = True,
-             test_splits: Sequence[str] = ("test",)) -> None:
+             test_splits: Sequence[str] = ("test",), splits: Sequence[str] = ("train", "valid"),
+             dictionaries: Optional[tuple[Path, Path]] = None) -> None:
     """fairseq-preprocess of `text_dir/{train,valid,test...}.{src,tgt}`; a joined dictionary (for shared
-    embeddings) unless joined=False. Several test sets become splits test, test1, test2 (fairseq's naming)."""
+    embeddings) unless joined=False. Several test sets become splits test, test1, test2 (fairseq's naming).
+    dictionaries: a model's own (source, target) dict.*.txt to encode with (`--srcdict/--tgtdict`) instead of
+    building them; then any of the splits may be absent."""
     from fairseq_cli import preprocess
 
     argv = ["--source-lang", src, "--target-lang", tgt, "--destdir", str(dest_dir),
-            "--workers", str(workers), "--thresholdsrc", "0", "--thresholdtgt", "0",
-            "--trainpref", str(text_dir / "train"), "--validpref", str(text_dir / "valid")]
-    if joined:
+            "--workers", str(workers), "--thresholdsrc", "0", "--thresholdtgt", "0"]
+    argv += [arg for split in splits for arg in (f"--{split}pref", str(text_dir / split))]
+    if dictionaries is not None:
+        argv += ["--srcdict", str(dictionaries[0]), "--tgtdict", str(dictionaries[1])]
+    elif joined:
         argv.append("--joined-dictionary")
     if test_splits:
         argv += ["--testpref", ",".join(str(text_dir / split) for split in test_splits)]

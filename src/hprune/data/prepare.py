@@ -3,7 +3,8 @@
 `bin/` is the fairseq data-bin; `raw/<split>.<lang>` the untokenized text, whose target side is what BLEU is
 computed against. A data set is built once per parameter set, into a temporary folder renamed into place when
 complete, so a killed preparation never leaves a folder that looks ready. Kinds: `toy` (the embedded synthetic
-task, data/toy.py) and `wmt` (downloaded corpora, data/wmt.py).
+task, data/toy.py), `wmt` (downloaded corpora, data/wmt.py), `pretrained` (text encoded with a model's own
+codes and dictionaries, data/pretrained.py) and `databin` (a data-bin of your own, data/databin.py).
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
-from . import wmt
+from . import databin, pretrained, wmt
 from .toy import SRC, TGT, ToyParams, write_corpus
 
 log = logging.getLogger(__name__)
@@ -47,30 +49,54 @@ def toy_params(data: DictConfig) -> ToyParams:
     return ToyParams(**params)
 
 
+KINDS = ("toy", "wmt", "pretrained", "databin")
+
+
+def _check_kind(data: DictConfig) -> None:
+    if data.kind not in KINDS:
+        raise UserError(f"unknown data kind '{data.kind}'; use one of {', '.join(KINDS)} (see configs/data/)")
+
+
+def bind(data: DictConfig, checkpoint: Optional[Path] = None,
+         languages: tuple[Optional[str], Optional[str]] = (None, None)) -> DictConfig:
+    """The data config for one model: a model's own data (pretrained, databin) completes its settings from the
+    model's folder or the data-bin (languages as the checkpoint records them); toy and wmt are as given."""
+    _check_kind(data)
+    if data.kind == "pretrained":
+        return pretrained.bind(data, checkpoint, languages)
+    if data.kind == "databin":
+        return databin.bind(data)
+    return data
+
+
 def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
+    _check_kind(data)
     if data.kind == "toy":
         key = json.dumps({"kind": data.kind, "params": asdict(toy_params(data)), "format": FORMAT_VERSION},
                          sort_keys=True)
         digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    elif data.kind == "wmt":
-        digest = wmt.config_key(data)
     else:
-        raise UserError(f"unknown data kind '{data.kind}'; use toy or wmt (see configs/data/)")
+        digest = {"wmt": wmt.config_key, "pretrained": pretrained.config_key, "databin": databin.config_key}[data.kind](data)
     return Path(data_root).expanduser().absolute() / f"{data.name}-{digest}"
 
 
 def bin_dir(data: DictConfig, data_root: str | Path) -> Path:
     """The fairseq data-bin folder of a data set (it exists once `prepare` has run)."""
-    return dataset_dir(data, data_root) / "bin"
+    return dataset_dir(bind(data), data_root) / "bin"
 
 
 def prepare(data: DictConfig, data_root: str | Path) -> Path:
     """Build the data set if needed; returns its data-bin folder."""
+    data = bind(data)
     root = dataset_dir(data, data_root)
     if (root / "READY").exists():
-        return bin_dir(data, data_root)
+        return root / "bin"
     if data.kind == "wmt":
         wmt.check_wmt(data)  # before anything is created or downloaded
+    elif data.kind == "pretrained":
+        pretrained.check(data)
+    elif data.kind == "databin":
+        databin.splits(data)
     log.info("preparing %s data in %s", data.name, root)
     staging = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -82,6 +108,10 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
     try:
         if data.kind == "wmt":
             wmt.build(data, Path(data_root).expanduser().absolute(), staging)
+        elif data.kind == "pretrained":
+            pretrained.build(data, staging)
+        elif data.kind == "databin":
+            databin.build(data, staging)
         else:
             from .. import backend  # fairseq is needed only to build
 
@@ -100,7 +130,7 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
         os.replace(staging, root)
     except OSError:  # another process finished first
         shutil.rmtree(staging, ignore_errors=True)
-    return bin_dir(data, data_root)
+    return root / "bin"
 
 
 def test_set_of(data_bin: Path, split: str) -> str | None:

@@ -100,7 +100,7 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
     cfg = start.cfg
     control = OmegaConf.create({
         "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
-        "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(start.data, resolve=True),
         "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path)})
     save = out / "scratch" / "checkpoints"
     backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh")

@@ -1,11 +1,14 @@
-"""`hprune data prepare data=...`: build the binarized data set into the cache (or find it there)."""
+"""`hprune data prepare data=...`: build the binarized data set into the cache (or find it there).
+`hprune data fetch published=NAME`: download and unpack one of fairseq's published models."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from ..data.prepare import prepare
+from ..data.published import PUBLISHED, fetch_published
 from ..errors import UserError
 from . import hydra_app
 
@@ -13,8 +16,15 @@ log = logging.getLogger(__name__)
 
 
 def data(cfg: DictConfig) -> dict:
+    if cfg.action == "fetch":
+        if not cfg.published:
+            raise UserError(f"hprune data fetch needs published=NAME, one of: {', '.join(PUBLISHED)}")
+        folder = fetch_published(cfg.published, Path(cfg.paths.models_root), Path(cfg.paths.data_root) / "downloads",
+                                 cfg.mirror)
+        print(f"{cfg.published}: {folder}")
+        return {"model_dir": str(folder)}
     if cfg.action != "prepare":
-        raise UserError(f"unknown data action '{cfg.action}'; use `hprune data prepare`")
+        raise UserError(f"unknown data action '{cfg.action}'; use `hprune data prepare` or `hprune data fetch`")
     bin_dir = prepare(cfg.data, cfg.paths.data_root)
     print(f"{cfg.data.name}: {bin_dir}")
     return {"data_bin": str(bin_dir)}

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
-from ..data.prepare import bin_dir, prepare
+from ..data.prepare import bin_dir, bind, prepare
+from ..errors import UserError
 from ..files import run_dir
 from ..pruning.heads import read_mask
 from . import hydra_app
@@ -24,6 +25,11 @@ def heads_per_layer(cfg: DictConfig) -> dict:
 def train(cfg: DictConfig) -> dict:
     from .. import backend  # imports fairseq, which fills Hydra's config store: only once composed
 
+    if cfg.data.kind == "pretrained":
+        raise UserError("data=pretrained holds a published model's test data, encoded with its codes, not training "
+                        "data; train on data=toy, a WMT preset, or data=databin data.path=<your data-bin>")
+    with open_dict(cfg):
+        cfg.data = bind(cfg.data)  # a data-bin's languages, read from its files
     out = run_dir()
     save_dir = out / "checkpoints"
     argv = backend.train_argv(cfg, bin_dir(cfg.data, cfg.paths.data_root), save_dir)  # checks the settings first
