@@ -116,7 +116,8 @@ def test_checkpoint_of_another_vocabulary_whose_data_is_gone(trained_run, tmp_pa
     state["cfg"]["task"]["data"] = str(tmp_path / "moved")
     torch.save(state, tmp_path / "moved.pt")
     other = [o for o in SMALL_DATA if "n_names" not in o] + ["data.params.n_names=30"]
-    assert_one_line_error(eval_error(tmp_path / "moved.pt", tmp_path, data=other), "words but", "dict.src.txt", "the dictionaries are not this model")
+    assert_one_line_error(eval_error(tmp_path / "moved.pt", tmp_path, data=other), "words but", "dict.src.txt",
+                          "the dictionaries are not this model")
 
 
 def test_checkpoint_with_mismatched_shapes(trained_run, tmp_path):

@@ -12,23 +12,24 @@ def job_config(verb: str, *overrides: str) -> dict:
     return yaml.safe_load(hprune(verb, *overrides, "--cfg", "job").stdout)
 
 
-def test_michel2019_is_wmt14_en_fr_big_with_newstest_importance_and_10_percent_steps():
-    train = job_config("train", "experiment=michel2019")
-    assert train["data"]["name"] == "wmt14_en_fr" and train["data"]["bpe_size"] == 40000
-    model = train["model"]
-    assert (model["encoder_embed_dim"], model["encoder_ffn_embed_dim"], model["encoder_layers"],
-            model["encoder_attention_heads"], model["dropout"]) == (1024, 4096, 6, 16, 0.1)
-    assert (train["optim"]["lr"], train["optim"]["warmup_updates"], train["optim"]["max_tokens"],
-            train["optim"]["update_freq"]) == (0.0007, 4000, 3584, 16)
-    prune = job_config("prune", "experiment=michel2019", "ckpt=x")
+def test_michel2019_prunes_the_published_wmt14_en_fr_big_with_newstest_importance_and_10_percent_steps():
+    from hprune.data.published import BASE_URL, PUBLISHED
+    fetch = job_config("data", "fetch", "experiment=michel2019")
+    assert fetch["published"] == "wmt14.en-fr.joined-dict.transformer" and fetch["published"] in PUBLISHED
+    assert BASE_URL + PUBLISHED[fetch["published"]].archive == \
+        "https://dl.fbaipublicfiles.com/fairseq/models/wmt14.en-fr.joined-dict.transformer.tar.bz2"
+    prune = job_config("prune", "experiment=michel2019")
+    assert prune["ckpt"] == "${paths.models_root}/wmt14.en-fr.joined-dict.transformer/model.pt"
+    assert prune["data"]["kind"] == "pretrained" and prune["data"]["bpe"] == "auto"
     assert prune["prune"]["method"] == "michel" and prune["prune"]["step_pct"] == 10
     assert prune["prune"]["importance"]["normalize_by_layer"] and not prune["prune"]["reestimate"]
     assert prune["prune"]["finetune"]["updates"] == 0
     test_sets = prune["data"]["test_sets"]
-    splits = {"test" if i == 0 else f"test{i}": name for i, name in enumerate(test_sets)}
-    assert splits[prune["split"]] == "wmt13"  # BLEU on newstest2013
-    assert splits[prune["prune"]["importance"]["split"]].startswith("wmt1")  # importance on newstest, not BLEU's
-    assert prune["prune"]["importance"]["split"] != prune["split"]
+    splits = {"test" if i == 0 else f"test{i}": [name] for i, name in enumerate(test_sets)}
+    splits.update(train=prune["data"]["train_sets"], valid=prune["data"]["valid_sets"])
+    assert splits[prune["split"]] == ["wmt13"]  # BLEU on newstest2013
+    importance = splits[prune["prune"]["importance"]["split"]]
+    assert importance == ["wmt09", "wmt10", "wmt11", "wmt12"]  # on newstest, never on BLEU's
     assert (prune["generation"]["beam"], prune["generation"]["lenpen"]) == (5, 1.0)
 
 

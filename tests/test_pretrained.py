@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import io
 import json
-import shlex
 import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_DATA, hprune
+from conftest import hprune
 from test_cli import assert_one_line_error
 from test_stock_fairseq import fairseq_generate, stock_argv
 

@@ -41,9 +41,9 @@ from .training import (  # noqa: E402
     train_speed,
 )
 
-__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations", "average_checkpoints",
-           "batches", "binarize", "build_criterion", "check_generation", "check_model", "check_schedule",
-           "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned", "finetune", "flags",
-           "generation_argv", "head_layout", "load_model", "read_checkpoint", "repair_resume_point", "resolve_device", "split_loss",
-           "split_targets",
-           "train", "train_argv", "train_speed", "translate"]
+__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations",
+           "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
+           "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
+           "finetune", "flags", "generation_argv", "head_layout", "load_model", "read_checkpoint",
+           "repair_resume_point", "resolve_device", "split_loss", "split_targets", "train", "train_argv",
+           "train_speed", "translate"]
