@@ -65,7 +65,7 @@ def test_unknown_key():
 
 
 def test_unknown_data_action():
-    assert_one_line_error(hprune("data", "fetch", check=False), "unknown action 'fetch'", "prepare")
+    assert_one_line_error(hprune("data", "unpack", check=False), "unknown action 'unpack'", "prepare", "fetch")
 
 
 def eval_error(ckpt: Path, tmp_path: Path, *extra: str, data=SMALL_DATA, subprocess: bool = False

@@ -242,7 +242,7 @@ def build(data: DictConfig, staging: Path) -> dict:
                                    "unk": sum(t not in vocab[lang] for t in tokens)}
             (raw / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
             (text / f"{split}.{lang}").write_text("".join(line + "\n" for line in pieces), encoding="utf-8")
-        sentences[split] = len(pairs[0][0]) if len(pairs) == 1 else sum(len(p[0]) for p in pairs)
+        sentences[split] = sum(len(pair[0]) for pair in pairs)
         names[split] = ", ".join(_describe(e) for e in entries)
     check_fit(counts, data, files)
     tests = [s for s in splits(data) if s.startswith("test")]
