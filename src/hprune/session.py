@@ -26,11 +26,14 @@ log = logging.getLogger(__name__)
 EVAL_MAX_TOKENS = 4096  # teacher-forced batches for the MAC count and the expert load
 
 
-def resolve_checkpoint(ckpt: str | Path) -> Path:
+def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/models") -> Path:
     """A .pt file as given. A directory: a train run dir (or its checkpoints/) gives the averaged checkpoint when
     the run made one (train.average_last), else checkpoint_best.pt; a published model's directory gives its
-    model.pt; an ensemble's (model1.pt, model2.pt, ...) must say which member."""
+    model.pt; an ensemble's (model1.pt, model2.pt, ...) must say which member; a Hugging Face model's (the
+    folder save_pretrained wrote) is imported once as a fairseq model folder under models_root/hf/."""
     path = Path(ckpt).expanduser()
+    if backend.is_hf_dir(path):
+        return backend.import_hf(path, Path(models_root))
     if not path.is_dir():
         return path
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
@@ -75,7 +78,8 @@ class Session:
         """cfg: a verb's config (ckpt, data, paths, device, precision, and generation where it translates)."""
         if cfg.get("generation") is not None:
             backend.check_generation(cfg.generation)  # before any work, not at the first translation
-        checkpoint = backend.read_checkpoint(resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt))
+        path = resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt, cfg.paths.models_root)
+        checkpoint = backend.read_checkpoint(path)
         data = bind(cfg.data, checkpoint.path, checkpoint.languages)  # a model's own data: from its folder
         data_bin = prepare(data, cfg.paths.data_root)
         return cls(cfg, data, backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision), data_bin)

@@ -7,6 +7,7 @@ runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` r
   training    binarize, train (resumable), checkpoint summaries and averaging
   loading     open a checkpoint safely, export a physically pruned copy
   generation  beam search and teacher-forced batches over a split, split losses
+  hf          Hugging Face translation models imported as fairseq model folders
   finetuning  optimizer steps with a head mask held fixed
 """
 from ..errors import UserError
@@ -30,6 +31,7 @@ from .commands import (  # noqa: E402
 from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa: E402
 from .finetuning import finetune  # noqa: E402
 from .generation import Translations, batches, split_loss, split_targets, translate  # noqa: E402
+from .hf import import_hf, is_hf_dir  # noqa: E402
 from .loading import Checkpoint, Loaded, build_criterion, count_parameters, export_pruned, load_model, read_checkpoint  # noqa: E402
 from .training import (  # noqa: E402
     AVERAGED,
@@ -44,6 +46,6 @@ from .training import (  # noqa: E402
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations",
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
-           "finetune", "flags", "generation_argv", "head_layout", "load_model", "read_checkpoint",
+           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model", "read_checkpoint",
            "repair_resume_point", "resolve_device", "split_loss", "split_targets", "train", "train_argv",
            "train_speed", "translate"]
