@@ -44,6 +44,7 @@ def test_no_penalty_closes_no_gate(trained_run, tmp_path):
     assert not metrics["gates_binary"] and metrics["bleu"] == metrics["bleu_gates"]
 
 
+@pytest.mark.slow  # 105 s: the longest test; `make test-full` runs it (CI time, issue 16 stop)
 def test_head_budget_lands_within_one_head_then_fine_tunes_exports_and_trains_from_scratch(trained_run, tmp_path):
     """The budget mode ends within ±1 head of K on the synthetic task; then (a) fine-tuning with the mask fixed,
     the physically pruned export of those weights, and (b) the same heads trained from scratch."""
