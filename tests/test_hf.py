@@ -85,17 +85,16 @@ def test_an_imported_fsmt_model_computes_and_translates_as_transformers(fsmt, tm
     # greedy search: hprune eval on the same sentences (encoded with the imported codes) against generate. (Beam
     # search is not matched yet: fairseq's and transformers' beam searches stop and normalise differently)
     test_sets = f"data.test_sets=[{{src:{fsmt['root'] / 'test.en'},tgt:{fsmt['root'] / 'test.fr'}}}]"
-    for beam in (1,):
-        out = tmp_path / f"beam{beam}"
-        hprune("eval", f"ckpt={fsmt['dir']}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained", test_sets,
-               f"generation.beam={beam}", "generation.lenpen=1.0", "generation.max_len_a=0", "generation.max_len_b=20",
-               "device=cpu", f"hydra.run.dir={out}")
-        ours = (out / "hypotheses.test.txt").read_text().splitlines()
-        inputs = tok(fsmt["test"]["en"], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            generated = theirs.generate(**inputs, num_beams=beam, max_length=22, min_length=2, length_penalty=1.0,
-                                        early_stopping=True, suppress_tokens=[1], do_sample=False)
-        assert ours == tok.batch_decode(generated, skip_special_tokens=True), beam
+    out = tmp_path / "greedy"
+    hprune("eval", f"ckpt={fsmt['dir']}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained", test_sets,
+           "generation.beam=1", "generation.max_len_a=0", "generation.max_len_b=20", "device=cpu",
+           f"hydra.run.dir={out}")
+    ours = (out / "hypotheses.test.txt").read_text().splitlines()
+    inputs = tok(fsmt["test"]["en"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        generated = theirs.generate(**inputs, num_beams=1, max_length=22, min_length=2, suppress_tokens=[1],
+                                    do_sample=False)
+    assert ours == tok.batch_decode(generated, skip_special_tokens=True)
 
 
 def test_hugging_face_folders_hprune_does_not_import_are_one_line(fsmt, tmp_path):

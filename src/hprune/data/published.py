@@ -61,6 +61,10 @@ def _published(name: Optional[str]) -> Published:
     return PUBLISHED[name]
 
 
+def _write_settings(folder: Path, settings: dict) -> None:
+    write_atomic(folder / SETTINGS_FILE, OmegaConf.to_yaml(OmegaConf.create(settings)))
+
+
 def _recorded(record: Path) -> Optional[str]:
     return record.read_text().split()[0] if record.is_file() else None
 
@@ -74,7 +78,7 @@ def fetch_published(name: str, models_root: Path, downloads: Path, mirror: Optio
     if (folder / SETTINGS_FILE).is_file():
         return folder
     if any(folder.glob("dict.*.txt")):  # unpacked by hand: it only lacks its settings
-        write_atomic(folder / SETTINGS_FILE, OmegaConf.to_yaml(OmegaConf.create(published.settings)))
+        _write_settings(folder, published.settings)
         return folder
     url = (mirror or BASE_URL).rstrip("/") + "/" + published.archive
     archive = Path(downloads).expanduser().absolute() / published.archive
@@ -95,8 +99,8 @@ def fetch_published(name: str, models_root: Path, downloads: Path, mirror: Optio
             raise UserError(f"{archive} is corrupt ({err}); delete it (and {record.name}) and run again") from None
         entries = list(staging.iterdir())
         root = entries[0] if len(entries) == 1 and entries[0].is_dir() else staging  # the archive's own folder
-        settings = {**published.settings, "source": {"url": url, "sha256": sha256, "sha256_source": "first download"}}
-        write_atomic(root / SETTINGS_FILE, OmegaConf.to_yaml(OmegaConf.create(settings)))
+        _write_settings(root, {**published.settings,
+                               "source": {"url": url, "sha256": sha256, "sha256_source": "first download"}})
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(root, folder)
     finally:
