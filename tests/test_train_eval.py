@@ -72,8 +72,10 @@ def test_killed_training_resumes_where_an_uninterrupted_run_ends(trained_run, tm
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed_at = torch.load(run / "checkpoints" / "checkpoint_last.pt", weights_only=False)["optimizer_history"][-1]
-    assert killed_at["num_updates"] < 150
+    # checkpoint_last.pt may be mid-copy (truncated) at the kill, so the kill point is read from the file names;
+    # the resume below must cope with either state.
+    saved = [int(p.stem.rsplit("_", 1)[1]) for p in (run / "checkpoints").glob("checkpoint_*_*.pt")]
+    assert proc.returncode == -signal.SIGKILL and saved and max(saved) < 150
     hprune(*args)  # the same command again
     resumed = torch.load(run / "checkpoints" / "checkpoint_last.pt", weights_only=False)
     reference = torch.load(trained_run / "checkpoints" / "checkpoint_last.pt", weights_only=False)
