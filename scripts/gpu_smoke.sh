@@ -3,7 +3,7 @@
 # in bf16 and in fp16, evaluated with beam search, with training tokens/s printed next to stock fairseq-train's
 # (same dimensions, data and flags, `--arch transformer`), then a Michel pruning curve with physical export;
 # then a stock fairseq Transformer checkpoint evaluated by hprune in both precisions, then MoA (8 of 16 experts)
-# trained and evaluated in both precisions.
+# trained and evaluated in both precisions, then an imported tiny Marian (OPUS-MT) model in fp32 and bf16.
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,3 +59,20 @@ for precision in bf16 fp16; do
       optim.max_update=150 hydra.run.dir="$run" log_interval=50 | tail -n 1
   "$PY" -m hprune_cli.main eval ckpt="$run" device=cuda precision=$precision hydra.run.dir="$run/eval" | tail -n 2
 done
+
+# an imported Marian model (tiny and random, OPUS-MT's settings; tests/hf_models.py) evaluated in fp32 and bf16
+hf="$OUT/runs/marian"
+toy=$(ls -d "$HPRUNE_DATA_ROOT"/toy-*/raw | head -n 1)
+marian=$("$PY" tests/hf_models.py marian "$hf" "$toy/train.src" "$toy/train.tgt" 2>/dev/null | tail -n 1)
+for precision in fp32 bf16; do
+  "$PY" -m hprune_cli.main eval ckpt="$marian" paths.models_root="$hf/models" data=pretrained \
+      data.max_pieces_per_word=null "data.test_sets=[{src:$toy/test.src,tgt:$toy/test.tgt}]" generation.beam=4 \
+      device=cuda precision=$precision hydra.run.dir="$hf/eval-$precision" | tail -n 2
+done
+"$PY" - "$hf" <<'PY'
+import sys
+from pathlib import Path
+runs = Path(sys.argv[1])
+fp32, bf16 = ((runs / f"eval-{p}" / "hypotheses.test.txt").read_text().splitlines() for p in ("fp32", "bf16"))
+print(f"imported Marian: bf16 translations identical to fp32 for {sum(a == b for a, b in zip(fp32, bf16))}/{len(fp32)}")
+PY

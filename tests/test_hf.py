@@ -1,9 +1,14 @@
-"""Hugging Face FSMT models imported as fairseq models: a tiny random FSMTForConditionalGeneration (built from
-transformers' own config class, its BPE and vocabularies from toy text, saved with save_pretrained) gives, once
-imported, transformers' log-probabilities and greedy and beam translations, and is pruned like any model."""
+"""Hugging Face translation models imported as fairseq models. Tiny random FSMTForConditionalGeneration and
+MarianMTModel models (built from transformers' own config classes, their BPE / sentencepiece models and
+vocabularies learnt from toy text, saved with save_pretrained), once imported, give transformers'
+log-probabilities, greedy and beam translations, and the log-probabilities of transformers' model with the same
+heads removed by hand; every verb takes their folders as ckpt=."""
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,104 +19,212 @@ from test_cli import assert_one_line_error
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("fairseq")
-LANGS = ("en", "fr")
+from hf_models import BUILDERS, LANGS  # noqa: E402  (needs transformers)
+
+MAX_LEN = 20  # target tokens before eos: fairseq's max_len_b; transformers' max_length counts the start and eos too
 
 
-def fsmt_spelling(piece: str) -> str:
-    return piece[:-2] if piece.endswith("@@") else piece + "</w>"
+def toy_text(evaluated_run, split: str, n: int) -> dict:
+    raw = Path(evaluated_run[1]["data_bin"]).parent / "raw"
+    return {lang: (raw / f"{split}.{toy}").read_text().splitlines()[:n] for lang, toy in zip(LANGS, ("src", "tgt"))}
+
+
+def built(family: str, evaluated_run, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp(family)
+    model = BUILDERS[family](root, toy_text(evaluated_run, "train", 600 if family == "fsmt" else 400))
+    for lang, lines in toy_text(evaluated_run, "test", 30).items():
+        (root / f"test.{lang}").write_text("".join(line + "\n" for line in lines))
+    return model
 
 
 @pytest.fixture(scope="module")
 def fsmt(evaluated_run, tmp_path_factory) -> dict:
-    from subword_nmt.apply_bpe import BPE
-    from subword_nmt.learn_bpe import learn_bpe
-    root = tmp_path_factory.mktemp("fsmt")
-    raw = Path(evaluated_run[1]["data_bin"]).parent / "raw"
-    text = {lang: (raw / f"train.{toy}").read_text().splitlines()[:600] for lang, toy in zip(LANGS, ("src", "tgt"))}
-    with open(root / "codes", "w") as out:
-        learn_bpe(text["en"] + text["fr"], out, 150)
-    with open(root / "codes") as f:
-        bpe = BPE(f)
-    vocab = {}
-    for lang in LANGS:
-        pieces = sorted({p for line in text[lang] for p in bpe.segment(line).split()})
-        vocab[lang] = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>"] + [fsmt_spelling(p) for p in pieces])}
-    model_dir = root / "fsmt-en-fr"
-    model_dir.mkdir()
-    (model_dir / "vocab-src.json").write_text(json.dumps(vocab["en"]))
-    (model_dir / "vocab-tgt.json").write_text(json.dumps(vocab["fr"]))
-    (model_dir / "merges.txt").write_text("".join(line for line in (root / "codes").read_text().splitlines(True)[1:]))
-    tokenizer = transformers.FSMTTokenizer(langs=list(LANGS), src_vocab_file=str(model_dir / "vocab-src.json"),
-                                           tgt_vocab_file=str(model_dir / "vocab-tgt.json"),
-                                           merges_file=str(model_dir / "merges.txt"))
-    config = transformers.FSMTConfig(langs=list(LANGS), src_vocab_size=len(vocab["en"]), tgt_vocab_size=len(vocab["fr"]),
-                                     d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=48,
-                                     max_position_embeddings=128, init_std=0.3, dropout=0.0)
-    torch.manual_seed(0)
-    model = transformers.FSMTForConditionalGeneration(config).eval()
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    test = {lang: (raw / f"test.{toy}").read_text().splitlines()[:20] for lang, toy in zip(LANGS, ("src", "tgt"))}
-    for lang in LANGS:
-        (root / f"test.{lang}").write_text("".join(line + "\n" for line in test[lang]))
-    return {"dir": model_dir, "model": model, "tokenizer": tokenizer, "test": test, "root": root}
+    return built("fsmt", evaluated_run, tmp_path_factory)
 
 
-def test_an_imported_fsmt_model_computes_and_translates_as_transformers(fsmt, tmp_path):
-    from hprune import backend
-    ckpt = backend.import_hf(fsmt["dir"], tmp_path / "models")
-    assert {p.name for p in ckpt.parent.iterdir()} >= {"model.pt", "dict.en.txt", "dict.fr.txt", "bpecodes"}
-    loaded = backend.load_model(ckpt, ckpt.parent)
-    tok, theirs = fsmt["tokenizer"], fsmt["model"]
-    sources = tok(fsmt["test"]["en"][:8], return_tensors="pt", padding=True)
-    targets = tok(text_target=fsmt["test"]["fr"][:8], return_tensors="pt", padding=True)["input_ids"]
-    decoder_in = torch.cat([torch.full((targets.shape[0], 1), 2), targets[:, :-1]], dim=1)  # eos first, as both do
+@pytest.fixture(scope="module")
+def marian(evaluated_run, tmp_path_factory) -> dict:
+    return built("marian", evaluated_run, tmp_path_factory)
+
+
+@pytest.fixture(params=["fsmt", "marian"])
+def hf_model(request) -> dict:
+    return request.getfixturevalue(request.param)
+
+
+def fairseq_ids(hf: dict, loaded) -> torch.Tensor:
+    """transformers id -> fairseq id (FSMT keeps fairseq's ids; Marian's are mapped through the pieces)."""
+    if hf["vocab"] is None:
+        return torch.arange(hf["model"].config.tgt_vocab_size)
+    by_id = {i: token for token, i in hf["vocab"].items()}
+    return torch.tensor([loaded.task.target_dictionary.index(by_id[i]) for i in range(len(by_id))])
+
+
+def hf_log_probs(hf: dict, model, sources, decoder_in) -> torch.Tensor:
+    with torch.no_grad():  # use_cache=False: with the cache on, FSMT takes whole decoder inputs unmasked
+        logits = model(input_ids=sources["input_ids"], attention_mask=sources["attention_mask"],
+                       decoder_input_ids=decoder_in, use_cache=False).logits
+    return torch.log_softmax(logits, -1)
+
+
+def our_log_probs(model, to_fairseq, sources, decoder_in, pad) -> list[torch.Tensor]:
+    """One sentence at a time (fairseq pads sources on the left; alone they need no padding), over
+    transformers' vocabulary order."""
+    lengths, out = sources["attention_mask"].sum(1), []
     with torch.no_grad():
-        # use_cache=False: with the cache on, FSMT takes whole decoder inputs for incremental steps, unmasked
-        hf = torch.log_softmax(theirs(input_ids=sources["input_ids"], attention_mask=sources["attention_mask"],
-                                      decoder_input_ids=decoder_in, use_cache=False).logits, -1)
-        lengths = sources["attention_mask"].sum(1)
-        # fairseq pads the source on the left; the same sentences one by one need no padding at all
-        ours = []
         for i in range(len(lengths)):
-            src = sources["input_ids"][i, : lengths[i]].unsqueeze(0)
-            net = loaded.model(src_tokens=src, src_lengths=lengths[i:i + 1], prev_output_tokens=decoder_in[i:i + 1])
-            ours.append(loaded.model.get_normalized_probs(net, log_probs=True)[0])
-    keep = targets.ne(1)
-    difference = max((ours[i] - hf[i])[keep[i]].abs().max().item() for i in range(len(ours)))
-    assert difference <= 1e-4, difference
+            src = to_fairseq[sources["input_ids"][i, : lengths[i]]].unsqueeze(0)
+            prev = to_fairseq[decoder_in[i:i + 1]]
+            prev[0, 0] = 2  # fairseq's decoder starts from eos (Marian's own start vector: --decoder-start-embedding)
+            net = model(src_tokens=src, src_lengths=lengths[i:i + 1], prev_output_tokens=prev)
+            out.append(model.get_normalized_probs(net, log_probs=True)[0][:, to_fairseq])
+    return out
 
-    # greedy search: hprune eval on the same sentences (encoded with the imported codes) against generate. (Beam
-    # search is not matched yet: fairseq's and transformers' beam searches stop and normalise differently)
-    test_sets = f"data.test_sets=[{{src:{fsmt['root'] / 'test.en'},tgt:{fsmt['root'] / 'test.fr'}}}]"
-    out = tmp_path / "greedy"
-    hprune("eval", f"ckpt={fsmt['dir']}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained", test_sets,
-           "generation.beam=1", "generation.max_len_a=0", "generation.max_len_b=20", "device=cpu",
-           f"hydra.run.dir={out}")
-    ours = (out / "hypotheses.test.txt").read_text().splitlines()
-    inputs = tok(fsmt["test"]["en"], return_tensors="pt", padding=True)
+
+def without_heads(model, mask: dict, attention: tuple[str, str]):
+    """transformers' model with the masked heads' columns of each attention's output projection zeroed: what
+    removing a head computes, without hprune."""
+    model = copy.deepcopy(model)
+    base = model.model
+    layers = {"enc-self": (base.encoder.layers, attention[0]), "dec-self": (base.decoder.layers, attention[0]),
+              "dec-enc": (base.decoder.layers, attention[1])}
     with torch.no_grad():
-        generated = theirs.generate(**inputs, num_beams=1, max_length=22, min_length=2, suppress_tokens=[1],
-                                    do_sample=False)
-    assert ours == tok.batch_decode(generated, skip_special_tokens=True)
+        for kind, rows in mask.items():
+            stack, name = layers[kind]
+            for layer, keep in zip(stack, rows):
+                projection = getattr(layer, name).out_proj
+                width = projection.weight.shape[1] // len(keep)
+                for head, kept in enumerate(keep):
+                    if not kept:
+                        projection.weight[:, head * width:(head + 1) * width] = 0
+    return model
 
 
-def test_hugging_face_folders_hprune_does_not_import_are_one_line(fsmt, tmp_path):
-    import shutil
+def test_an_imported_model_computes_as_transformers_with_and_without_heads(hf_model, tmp_path):
+    from hprune import backend
+    ckpt = backend.import_hf(hf_model["dir"], tmp_path / "models")
+    assert (ckpt.parent / "dict.en.txt").is_file() and (ckpt.parent / "dict.fr.txt").is_file()
+    loaded = backend.load_model(ckpt, ckpt.parent)
+    tok, theirs, pad = hf_model["tokenizer"], hf_model["model"], hf_model["pad"]
+    test = {lang: (hf_model["root"] / f"test.{lang}").read_text().splitlines()[:8] for lang in LANGS}
+    sources = tok(test["en"], return_tensors="pt", padding=True)
+    targets = tok(text_target=test["fr"], return_tensors="pt", padding=True)["input_ids"]
+    decoder_in = torch.cat([torch.full((targets.shape[0], 1), hf_model["start"]), targets[:, :-1]], dim=1)
+    keep = targets.ne(pad)
+    to_fairseq = fairseq_ids(hf_model, loaded)
+
+    def difference(ours, hf):
+        return max((ours[i] - hf[i])[keep[i]].abs().max().item() for i in range(len(ours)))
+
+    full = difference(our_log_probs(loaded.model, to_fairseq, sources, decoder_in, pad),
+                      hf_log_probs(hf_model, theirs, sources, decoder_in))
+    assert full <= 1e-4, full
+    mask = {"enc-self": [[1, 0, 1, 1], [0, 0, 1, 1]], "dec-self": [[1, 1, 1, 0], [1, 0, 1, 1]],
+            "dec-enc": [[0, 1, 1, 1], [1, 1, 0, 0]]}
+    removed = hf_log_probs(hf_model, without_heads(theirs, mask, hf_model["attention"]), sources, decoder_in)
+    loaded.model.set_head_mask(mask)
+    masked = difference(our_log_probs(loaded.model, to_fairseq, sources, decoder_in, pad), removed)
+    loaded.model.set_head_mask(None)
+    pruned = copy.deepcopy(loaded.model)
+    pruned.keep_heads({kind: [[h for h, kept in enumerate(row) if kept] for row in rows] for kind, rows in mask.items()})
+    physical = difference(our_log_probs(pruned, to_fairseq, sources, decoder_in, pad), removed)
+    assert masked <= 1e-4 and physical <= 1e-4, (masked, physical)
+    assert difference(our_log_probs(loaded.model, to_fairseq, sources, decoder_in, pad), removed) > 1e-2  # it mattered
+    print(f"{hf_model['dir'].name}: max |log p| difference {full:.1e}, masked {masked:.1e}, pruned {physical:.1e}")
+
+
+def test_an_imported_model_translates_as_transformers_generate(hf_model, tmp_path):
+    """Greedy: every sentence. Beam 4: every sentence whose transformers translation ends before the length limit.
+    At the limit the two searches score differently (transformers forces eos with log-probability 0, fairseq adds
+    eos's own), so a hypothesis cut there may rank differently."""
+    tok, theirs = hf_model["tokenizer"], hf_model["model"]
+    sources = (hf_model["root"] / "test.en").read_text().splitlines()
+    inputs = tok(sources, return_tensors="pt", padding=True)
+    agreement = {}
+    for beam in (1, 4):
+        out = tmp_path / f"beam{beam}"
+        hprune("eval", f"ckpt={hf_model['dir']}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
+               f"data.test_sets=[{{src:{hf_model['root'] / 'test.en'},tgt:{hf_model['root'] / 'test.fr'}}}]",
+               "data.max_pieces_per_word=null", f"generation.beam={beam}", "generation.lenpen=1.0",
+               "generation.max_len_a=0", f"generation.max_len_b={MAX_LEN}", "device=cpu", f"hydra.run.dir={out}")
+        ours = (out / "hypotheses.test.txt").read_text().splitlines()
+        with torch.no_grad():
+            generated = theirs.generate(**inputs, num_beams=beam, max_length=MAX_LEN + 2, min_length=2,
+                                        suppress_tokens=[hf_model["pad"]], do_sample=False, early_stopping=True,
+                                        length_penalty=1.0)
+        hyps = tok.batch_decode(generated, skip_special_tokens=True)
+        eos = theirs.config.eos_token_id
+        ended = [eos in row[1:MAX_LEN + 1].tolist() for row in generated]  # after the start, within the limit
+        agreement[beam] = f"{sum(a == b for a, b in zip(ours, hyps))}/{len(hyps)} ({sum(ended)} end before the limit)"
+        if beam == 1:
+            assert ours == hyps
+        else:
+            assert sum(ended) >= len(hyps) // 2, "too few sentences end before the limit to compare beam search"
+            assert [a for a, e in zip(ours, ended) if e] == [h for h, e in zip(hyps, ended) if e]
+    print(f"{hf_model['dir'].name}: identical translations, greedy {agreement[1]}, beam 4 {agreement[4]}")
+
+
+def test_a_marian_model_is_fetched_from_the_hub_resumed_imported_pruned_and_analysed(marian, tmp_path):
+    from wmt_fixtures import FixtureServer
+    repo = "Helsinki-NLP/opus-mt-en-fr"
+    files = {f"{repo}/resolve/main/{p.name}": p.read_bytes() for p in marian["dir"].iterdir()}
+    with FixtureServer(files) as server:
+        server.cut_once.add(f"{repo}/resolve/main/model.safetensors")
+        hprune("data", "fetch", f"hf={repo}", f"mirror={server.url}", f"paths.models_root={tmp_path / 'models'}")
+    folder = tmp_path / "models" / "hub" / "Helsinki-NLP--opus-mt-en-fr"
+    requested = [(name.rsplit("/", 1)[1], ranged) for name, ranged in server.requests]
+    assert ("model.safetensors", None) in requested and any(n == "model.safetensors" and r for n, r in requested)
+    assert "pytorch_model.bin" not in dict(requested) and "target_vocab.json" in dict(requested)  # absent: optional
+    record = json.loads((folder / "hub.json").read_text())
+    for path in marian["dir"].iterdir():
+        assert (folder / path.name).read_bytes() == path.read_bytes()
+        assert record["sha256"][path.name] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+    own = f"{{src:{marian['root'] / 'test.en'},tgt:{marian['root'] / 'test.fr'}}}"
+    common = [f"ckpt={folder}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
+              f"data.test_sets=[{own}]", f"data.valid_sets=[{own}]", "data.max_pieces_per_word=null", "device=cpu"]
+    out = tmp_path / "prune"
+    hprune("prune", "--method", "michel", *common, "prune.step_pct=50", "prune.target_pct=50", "prune.export=true",
+           "generation.beam=1", f"hydra.run.dir={out}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["export_same_translations"]
+    from hprune_fairseq.safe_load import load_checkpoint
+    state = load_checkpoint(metrics["export_checkpoint"])  # an import is written in fairseq's legacy `args` layout
+    kept = json.loads(state["args"].kept_heads)
+    assert sum(len(layer) for rows in kept.values() for layer in rows) == 12  # half of 24
+    analysed = tmp_path / "analyze"
+    hprune("analyze", *common, "split=test", f"hydra.run.dir={analysed}")
+    import pandas as pd
+    roles = pd.read_csv(analysed / "head_roles.csv")
+    assert len(roles) == 24 and roles.loc[roles["type"] == "enc-self", "syntactic"].isna().all()  # no arcs: unmeasured
+    assert json.loads((analysed / "metrics.json").read_text())["syntactic_heads"] is None
+
+
+def test_hugging_face_folders_hprune_does_not_import_are_one_line(fsmt, marian, tmp_path, monkeypatch):
     t5 = tmp_path / "t5"
     t5.mkdir()
     (t5 / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    broken = tmp_path / "broken"
+    broken, no_spm, wrong = tmp_path / "broken", tmp_path / "no-spm", tmp_path / "wrong"
     shutil.copytree(fsmt["dir"], broken)
     (broken / "merges.txt").unlink()
-    wrong = tmp_path / "wrong"
-    shutil.copytree(fsmt["dir"], wrong)
-    vocab = json.loads((wrong / "vocab-tgt.json").read_text())
-    (wrong / "vocab-tgt.json").write_text(json.dumps({**vocab, "extra</w>": len(vocab)}))
+    shutil.copytree(marian["dir"], no_spm)
+    (no_spm / "target.spm").unlink()
+    shutil.copytree(marian["dir"], wrong)
+    vocab = json.loads((wrong / "vocab.json").read_text())
+    (wrong / "vocab.json").write_text(json.dumps({**vocab, "extra": len(vocab)}))
     for folder, expected in ((t5, "Hugging Face 't5' model"), (broken, "has no merges.txt"),
-                             (wrong, "the fr vocabulary has")):
+                             (no_spm, "has no target.spm"), (wrong, "vocabulary has")):
         result = hprune("eval", f"ckpt={folder}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
                         "data.test_sets=[wmt14/full]", "device=cpu", f"hydra.run.dir={tmp_path / 'out'}", check=False)
         assert_one_line_error(result, expected)
-    assert not (tmp_path / "out" / "metrics.json").exists()
+    assert not (tmp_path / "out" / "metrics.json").exists() and not list((tmp_path / "models").glob("hf/*"))
+    assert_one_line_error(hprune("data", "fetch", "hf=opus-mt-en-de", f"paths.models_root={tmp_path / 'models'}",
+                                 check=False), "pass hf=ORG/NAME")
+
+    import sys
+
+    from hprune import backend
+    from hprune.errors import UserError
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # an install without the hf extra
+    with pytest.raises(UserError, match=r"pip install 'hprune\[hf\]'"):
+        backend.import_hf(marian["dir"], tmp_path / "models")

@@ -164,8 +164,8 @@ class Session:
         """Beam search on a split (cfg.split) with cfg.generation, scored against the split's raw references:
         (translations, {bleu, chrf and their signatures})."""
         cfg, split = self.cfg, split or self.cfg.split
-        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, self.data.post_process,
-                                   self.data.tokenizer)
+        detokenizer = "moses" if self.data.get("tokenizer") == "moses" else None  # null/none: nothing to undo
+        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, self.data.post_process, detokenizer)
         references = read_references(self.data_bin.parent / "raw" / f"{split}.{self.data.tgt_lang}", result.sentences)
         return result, score(result.hypotheses, references)
 

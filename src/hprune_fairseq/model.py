@@ -34,6 +34,7 @@ from torch import Tensor
 from hprune.attention_types import ATTENTION_TYPES, check_attention_types
 
 from .attention import HeadAttention
+from .embeddings import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
 from .moa import MoAAttention
 
 
@@ -46,7 +47,18 @@ def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
                         cv_loss=cfg.moa_cv_loss, **kwargs)
 
 
+def _swish(layer, cfg) -> None:
+    """fairseq 0.12's `--activation-fn swish` returns the class torch.nn.SiLU, which a layer then calls on its
+    input (building a module, not an activation); the function it means is F.silu."""
+    if getattr(cfg, "activation_fn", None) == "swish":
+        layer.activation_fn = torch.nn.functional.silu
+
+
 class HeadEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, *args, **kwargs):
+        super().__init__(cfg, *args, **kwargs)
+        _swish(self, cfg)
+
     def build_self_attention(self, embed_dim, cfg):
         return _moa(cfg, "enc-self", embed_dim, self_attention=True) or HeadAttention(
             embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True,
@@ -54,6 +66,10 @@ class HeadEncoderLayer(TransformerEncoderLayerBase):
 
 
 class HeadDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, *args, **kwargs):
+        super().__init__(cfg, *args, **kwargs)
+        _swish(self, cfg)
+
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise NotImplementedError("hprune_transformer supports neither add_bias_kv, add_zero_attn "
@@ -130,6 +146,13 @@ class HpruneTransformerModel(TransformerModel):
         parser.add_argument("--freeze-decoder", action="store_true",
                             help="train only the encoder (and the embeddings it shares): Voita et al.'s setting for "
                                  "enc-self gates, so head functions do not move to the decoder")
+        # a Marian model's computations (embeddings.py; written by `hprune` when it imports one)
+        parser.add_argument("--marian-positions", action="store_true",
+                            help="Marian's sinusoidal positions (first token at 0, frequencies 10000^(-2i/d))")
+        parser.add_argument("--decoder-start-embedding", action="store_true",
+                            help="a vector of its own for the decoder's first input (eos), as Marian's <pad> start")
+        parser.add_argument("--output-bias", action="store_true",
+                            help="a bias on the output projection (Marian's final_logits_bias)")
 
     @classmethod
     def build_model(cls, args, task):
@@ -149,12 +172,25 @@ class HpruneTransformerModel(TransformerModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return cls.encoder_class(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+        cfg = TransformerConfig.from_namespace(args)
+        encoder = cls.encoder_class(cfg, src_dict, embed_tokens)
+        if getattr(args, "marian_positions", False):
+            encoder.embed_positions = MarianPositionalEmbedding(cfg.max_source_positions, cfg.encoder.embed_dim,
+                                                                encoder.padding_idx)
+        return encoder
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        decoder = cls.decoder_class(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        if getattr(args, "marian_positions", False):
+            decoder.embed_positions = MarianPositionalEmbedding(cfg.max_target_positions, cfg.decoder.embed_dim,
+                                                                decoder.padding_idx)
+        if getattr(args, "decoder_start_embedding", False):
+            decoder.embed_tokens = StartTokenEmbedding(decoder.embed_tokens, tgt_dict.eos())
+        if getattr(args, "output_bias", False):
+            add_output_bias(decoder.output_projection)
+        return decoder
 
     def attention_modules(self) -> Iterator[Tuple[str, int, HeadAttention]]:
         """(attention type, layer index, module) for every attention sublayer, in a fixed order."""

@@ -16,18 +16,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ..errors import UserError
 from ..files import write_atomic
+from .compat import PLUGIN_DIR
 
-HF_FILES = ("config.json",)
-FAMILIES = ("fsmt",)
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish", "tanh": "tanh"}
+FSMT_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_accurate", "swish": "relu", "silu": "relu",
+               "tanh": "tanh"}  # swish: set after parsing (_save)
+NO_LOGIT = -100.0  # output bias of a fairseq special Marian lacks: exp(-100) adds nothing to the softmax, and the
+#                    label-smoothing term stays finite when the model is fine-tuned
 INSTALL = "pip install 'hprune[hf]'"
 
 
@@ -35,7 +42,7 @@ def is_hf_dir(path: Path) -> bool:
     return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
-def _config(folder: Path) -> dict:
+def read_config(folder: Path) -> dict:
     try:
         return json.loads((folder / "config.json").read_text())
     except ValueError as err:
@@ -43,7 +50,7 @@ def _config(folder: Path) -> dict:
 
 
 def _weights(folder: Path) -> dict:
-    if (folder / "model.safetensors").is_file():
+    if (folder / WEIGHTS[0]).is_file():
         try:
             from safetensors.torch import load_file
         except ImportError:
@@ -76,12 +83,13 @@ def _write_dictionary(tokens: list[str], path: Path) -> None:
     write_atomic(path, "".join(f"{token} {len(tokens) - i}\n" for i, token in enumerate(tokens)))
 
 
-def _fsmt_argv(config: dict, dest: Path, shared: bool) -> list[str]:
-    src, tgt = config["langs"]
+def _argv(config: dict, langs: tuple[str, str], dest: Path, flags: list[str]) -> list[str]:
+    """fairseq's command line for an FSMT or Marian config (their keys are the same BART-style names)."""
     activation = config.get("activation_function", "relu")
     if activation not in ACTIVATIONS:
-        raise UserError(f"FSMT activation '{activation}' has no fairseq equivalent; hprune imports {', '.join(ACTIVATIONS)}")
-    argv = [str(dest), "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--arch", "transformer",
+        raise UserError(f"activation '{activation}' has no fairseq equivalent; hprune imports {', '.join(ACTIVATIONS)}")
+    argv = [str(dest), "--task", "translation", "--source-lang", langs[0], "--target-lang", langs[1],
+            "--arch", "hprune_transformer", "--user-dir", PLUGIN_DIR,
             "--encoder-embed-dim", str(config["d_model"]), "--decoder-embed-dim", str(config["d_model"]),
             "--encoder-ffn-embed-dim", str(config["encoder_ffn_dim"]),
             "--decoder-ffn-embed-dim", str(config["decoder_ffn_dim"]),
@@ -93,21 +101,37 @@ def _fsmt_argv(config: dict, dest: Path, shared: bool) -> list[str]:
             "--activation-fn", ACTIVATIONS[activation], "--dropout", str(config.get("dropout", 0.1)),
             "--attention-dropout", str(config.get("attention_dropout", 0.0)),
             "--activation-dropout", str(config.get("activation_dropout", 0.0)),
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
-    if shared:
-        argv.append("--share-all-embeddings")
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", *flags]
     if not config.get("scale_embedding", True):
         argv.append("--no-scale-embedding")
     return argv
 
 
-def _import_fsmt(folder: Path, config: dict, staging: Path) -> None:
+def _save(config: dict, langs: tuple[str, str], weights: dict, staging: Path, flags: list[str]) -> None:
+    """model.pt in the legacy `args` layout fairseq's loaders and hprune's read alike."""
     from fairseq import options
 
-    for name in ("vocab-src.json", "vocab-tgt.json", "merges.txt"):
+    for side in ("encoder", "decoder"):
+        weights[f"{side}.version"] = torch.tensor([3.0])
+    args = options.parse_args_and_arch(options.get_training_parser(), _argv(config, langs, staging, flags))
+    if config.get("activation_function") in ("swish", "silu"):
+        args.activation_fn = "swish"  # fairseq computes it but its command line does not offer it (see _swish)
+    state = {"args": args, "model": {k: v.contiguous() for k, v in weights.items()}, "extra_state": {},
+             "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
+                                    "lr_scheduler_state": {}, "num_updates": 0}],
+             "last_optimizer_state": None}
+    torch.save(state, staging / "model.pt")
+
+
+def _require(folder: Path, names: tuple[str, ...], what: str) -> None:
+    for name in names:
         if not (folder / name).is_file():
-            raise UserError(f"{folder} has no {name}: an FSMT model's tokenizer files are vocab-src.json, vocab-tgt.json "
-                            "and merges.txt (save the tokenizer with save_pretrained into the same folder)")
+            raise UserError(f"{folder} has no {name}: {what} (save the tokenizer with save_pretrained into the "
+                            "same folder)")
+
+
+def _import_fsmt(folder: Path, config: dict, staging: Path) -> dict:
+    _require(folder, FSMT_FILES, f"an FSMT model's tokenizer files are {', '.join(FSMT_FILES)}")
     src, tgt = config["langs"]
     sides = {src: json.loads((folder / "vocab-src.json").read_text()),
              tgt: json.loads((folder / "vocab-tgt.json").read_text())}
@@ -129,28 +153,117 @@ def _import_fsmt(folder: Path, config: dict, staging: Path) -> None:
         raise UserError(f"{folder}: tied embeddings with two different vocabularies cannot be one fairseq dictionary")
     for side in ("encoder", "decoder"):
         weights.pop(f"{side}.embed_positions.weight", None)  # fairseq computes the same sinusoids
-        weights[f"{side}.version"] = torch.tensor([3.0])
     if "decoder.output_projection.weight" not in weights or tied:
         weights["decoder.output_projection.weight"] = weights["decoder.embed_tokens.weight"]
     if shared:
         weights["encoder.embed_tokens.weight"] = weights["decoder.embed_tokens.weight"]
-    args = options.parse_args_and_arch(options.get_training_parser(), _fsmt_argv(config, staging, shared))
-    state = {"args": args, "model": {k: v.contiguous() for k, v in weights.items()}, "extra_state": {},
-             "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
-                                    "lr_scheduler_state": {}, "num_updates": 0}],
-             "last_optimizer_state": None}
-    torch.save(state, staging / "model.pt")
+    _save(config, (src, tgt), weights, staging, ["--share-all-embeddings"] if shared else [])
+    return {}
+
+
+def _marian_languages(folder: Path, tokenizer: dict) -> tuple[str, str]:
+    langs = (tokenizer.get("source_lang"), tokenizer.get("target_lang"))
+    if not all(langs):
+        named = re.fullmatch(r"(?:.*[-_])?opus-mt-([a-z]{2,3})-([a-z]{2,3})", folder.name.lower())
+        langs = named.groups() if named else langs
+    if not all(langs) or any("." in lang for lang in langs):
+        raise UserError(f"{folder}: cannot tell the languages (tokenizer_config.json has no source_lang/target_lang "
+                        "and the folder is not named opus-mt-SRC-TGT); add \"source_lang\" and \"target_lang\" to "
+                        "tokenizer_config.json")
+    return langs
+
+
+def _import_marian(folder: Path, config: dict, staging: Path) -> dict:
+    """Marian ids -> fairseq ids: fairseq's <s>, <pad>, </s>, <unk> (ids 0-3) are Marian's <s> if it has one
+    (else a new zero row, never predicted), <pad>, </s> and <unk>; Marian's other pieces follow in id order."""
+    _require(folder, MARIAN_FILES, f"a Marian model's tokenizer files are {', '.join(MARIAN_FILES)}")
+    tokenizer = json.loads((folder / "tokenizer_config.json").read_text()) \
+        if (folder / "tokenizer_config.json").is_file() else {}
+    separate = bool(tokenizer.get("separate_vocabs")) or not config.get("share_encoder_decoder_embeddings", True)
+    if separate:
+        _require(folder, ("target_vocab.json",), "a Marian model with separate vocabularies has target_vocab.json")
+    src, tgt = _marian_languages(folder, tokenizer)
+    vocabs = {src: json.loads((folder / "vocab.json").read_text())}
+    vocabs[tgt] = json.loads((folder / "target_vocab.json").read_text()) if separate else vocabs[src]
+    weights = {key[len("model."):] if key.startswith("model.") else key: tensor
+               for key, tensor in _weights(folder).items()}
+    shared = weights.get("shared.weight")
+    embeddings = {src: weights.get("encoder.embed_tokens.weight", shared),
+                  tgt: weights.get("decoder.embed_tokens.weight", shared)}
+    sizes = {src: config["vocab_size"], tgt: config.get("decoder_vocab_size") or config["vocab_size"]}
+    pad, eos, start = config["pad_token_id"], config["eos_token_id"], config["decoder_start_token_id"]
+    orders = {}
+    for lang in (src, tgt):
+        vocab, rows = vocabs[lang], embeddings[lang].shape[0] if embeddings[lang] is not None else None
+        if len(vocab) != rows or rows != sizes[lang] or sorted(vocab.values()) != list(range(len(vocab))):
+            raise UserError(f"{folder}: the {lang} vocabulary has {len(vocab)} entries but the weights embed {rows} "
+                            f"and config.json says {sizes[lang]}; the files are not one model's")
+        if "<unk>" not in vocab:
+            raise UserError(f"{folder}: the {lang} vocabulary has no <unk>; pass the folder save_pretrained wrote")
+        specials = [vocab.get("<s>"), pad, eos, vocab["<unk>"]]
+        orders[lang] = specials + [i for i in range(len(vocab)) if i not in specials]
+        by_id = {i: token for token, i in vocab.items()}
+        _write_dictionary([by_id[i] for i in orders[lang][4:]], staging / f"dict.{lang}.txt")
+
+    def fairseq_rows(matrix: torch.Tensor, lang: str, missing: float = 0.0) -> torch.Tensor:
+        order = orders[lang]
+        rows = matrix[[i if i is not None else 0 for i in order]].clone()
+        if order[0] is None:
+            rows[0] = missing
+        return rows
+
+    tied = config.get("tie_word_embeddings", True)
+    out = {key: tensor for key, tensor in weights.items() if key.startswith(("encoder.layers.", "decoder.layers."))}
+    out["encoder.embed_tokens.weight"] = fairseq_rows(embeddings[src], src)
+    out["decoder.embed_tokens.weight"] = fairseq_rows(embeddings[tgt], tgt)
+    out["decoder.embed_tokens.start"] = embeddings[tgt][start].clone()
+    head = embeddings[tgt] if tied else weights["lm_head.weight"]
+    out["decoder.output_projection.weight"] = out["decoder.embed_tokens.weight"] if tied else fairseq_rows(head, tgt)
+    bias = weights.get("final_logits_bias", torch.zeros(1, sizes[tgt])).reshape(-1)
+    out["decoder.output_projection.bias"] = fairseq_rows(bias, tgt, missing=NO_LOGIT)
+    flags = ["--marian-positions", "--decoder-start-embedding", "--output-bias"]
+    if tied and not separate and shared is not None:
+        flags.append("--share-all-embeddings")
+        out["encoder.embed_tokens.weight"] = out["decoder.embed_tokens.weight"]
+    elif tied:
+        flags.append("--share-decoder-input-output-embed")
+    for lang, name in ((src, "source.spm"), (tgt, "target.spm")):
+        shutil.copyfile(folder / name, staging / f"spm.{lang}.model")
+    _save(config, (src, tgt), out, staging, flags)
+    return {"tokenizer": "none"}  # Marian's tokenizer puts raw text into sentencepiece
+
+
+@dataclass(frozen=True)
+class Family:
+    model_class: str
+    load: Callable[[Path, dict, Path], dict]  # (folder, config, staging) -> hprune.yaml settings
+    files: tuple[str, ...]                    # the tokenizer's files, all needed
+    optional: tuple[str, ...] = ()
+
+
+FAMILIES = {
+    "fsmt": Family("FSMTForConditionalGeneration", _import_fsmt, FSMT_FILES,
+                   ("tokenizer_config.json", "generation_config.json")),
+    "marian": Family("MarianMTModel", _import_marian, MARIAN_FILES,
+                     ("tokenizer_config.json", "generation_config.json", "target_vocab.json")),
+}
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
+
+
+def family_of(config: dict, where) -> str:
+    family = config.get("model_type")
+    if family not in FAMILIES:
+        raise UserError(f"{where} holds a Hugging Face '{family}' model; hprune imports the translation models "
+                        f"{', '.join(f.model_class for f in FAMILIES.values())}")
+    return family
 
 
 def import_hf(folder: Path, models_root: Path) -> Path:
     """The model.pt of a Hugging Face model folder imported as a fairseq model folder under
     `<models_root>/hf/<name>-<fingerprint>/` (imported once; a changed folder is imported again)."""
     folder = Path(folder).expanduser()
-    config = _config(folder)
-    family = config.get("model_type")
-    if family not in FAMILIES:
-        raise UserError(f"{folder} holds a Hugging Face '{family}' model; hprune imports translation models of the "
-                        f"families {', '.join(FAMILIES)} (FSMTForConditionalGeneration)")
+    config = read_config(folder)
+    family = family_of(config, folder)
     dest = Path(models_root).expanduser().absolute() / "hf" / f"{folder.name}-{_fingerprint(folder)}"
     if (dest / "model.pt").is_file():
         return dest / "model.pt"
@@ -158,9 +271,9 @@ def import_hf(folder: Path, models_root: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        _import_fsmt(folder, config, staging)
-        write_atomic(staging / "hprune.yaml", f"source: {{hf_dir: {json.dumps(str(folder.absolute()))}, "
-                                              f"model_type: {family}}}\n")
+        settings = FAMILIES[family].load(folder, config, staging)
+        source = {"source": {"hf_dir": str(folder.absolute()), "model_type": family}}
+        write_atomic(staging / "hprune.yaml", "".join(f"{k}: {json.dumps(v)}\n" for k, v in {**source, **settings}.items()))
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(staging, dest)
     finally:

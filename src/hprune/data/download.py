@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 
 
+class RemoteMissing(UserError):
+    """The server answered 404/410: the file is not there (callers probing for optional files catch this)."""
+
+
 @dataclass(frozen=True)
 class Remote:
     url: Optional[str]            # None: the file can only be downloaded by hand (e.g. a licence to accept)
@@ -129,7 +133,7 @@ def _download(remote: Remote, dest: Path, retries: int, backoff_s: float, timeou
                 last_error = err
                 continue
             if 400 <= err.code < 500:
-                raise UserError(f"{remote.url} answered HTTP {err.code} ({err.reason}); "
+                raise (RemoteMissing if err.code in (404, 410) else UserError)(f"{remote.url} answered HTTP {err.code} ({err.reason}); "
                                 f"{manual_hint(remote, dest)}") from None
             last_error = err
         except (OSError, http.client.HTTPException) as err:  # URLError, timeouts, resets, cut connections

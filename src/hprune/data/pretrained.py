@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 SETTINGS_FILE = "hprune.yaml"
 CODES_FILES = ("bpecodes", "code", "codes")
 SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "sentencepiece.model", "spm.model")
+SIDE_SENTENCEPIECE = ("spm.{lang}.model", "sentencepiece.{lang}.model")  # one model a side (imported Marian models)
+TOKENIZERS = ("moses", None, "none")  # Moses; Moses' punctuation normalisation only (null); the text as it is
 BPE_KINDS = ("auto", "subword_nmt", "fastbpe", "sentencepiece", "none")
 SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe")  # what hprune.yaml may hold
 POST_PROCESS = {"subword_nmt": "subword_nmt", "fastbpe": "subword_nmt", "sentencepiece": "sentencepiece", "none": None}
@@ -41,7 +43,11 @@ class ModelFiles:
     folder: Path
     dictionaries: tuple[Path, Path]  # (source, target); the same file twice, or two equal files, when joined
     bpe: str                          # subword_nmt | fastbpe | sentencepiece | none
-    codes: Optional[Path]
+    codes: tuple[Optional[Path], Optional[Path]]  # (source, target); the same file twice when shared
+
+    def describe(self) -> str:
+        names = {p.name for p in self.codes if p is not None}
+        return " and ".join(sorted(names)) or "no codes"
 
 
 def _is_fastbpe(codes: Path) -> bool:
@@ -63,7 +69,10 @@ def model_files(data: DictConfig) -> ModelFiles:
                         "folder>, or data=databin data.path=<the data-bin the model was trained on>")
     dictionaries = (folder / f"dict.{src}.txt", folder / f"dict.{tgt}.txt")
     codes = next((folder / n for n in CODES_FILES if (folder / n).is_file()), None)
-    spm = next((folder / n for n in SENTENCEPIECE_FILES if (folder / n).is_file()), None)
+    shared_spm = next((folder / n for n in SENTENCEPIECE_FILES if (folder / n).is_file()), None)
+    spm = tuple(next((folder / n.format(lang=lang) for n in SIDE_SENTENCEPIECE if (folder / n.format(lang=lang)).is_file()),
+                     shared_spm) for lang in (src, tgt))
+    spm = spm if all(spm) else None
     bpe = data.bpe
     if bpe not in BPE_KINDS:
         raise UserError(f"data.bpe must be one of {', '.join(BPE_KINDS)}, not '{bpe}'")
@@ -73,11 +82,11 @@ def model_files(data: DictConfig) -> ModelFiles:
                             f"({', '.join(SENTENCEPIECE_FILES)}); copy the model's codes there, or set data.bpe=none "
                             "for a model trained on whole words")
         bpe = "sentencepiece" if codes is None else "fastbpe" if _is_fastbpe(codes) else "subword_nmt"
-    path = None if bpe == "none" else spm if bpe == "sentencepiece" else codes
-    if bpe != "none" and path is None:
+    paths = (None, None) if bpe == "none" else spm if bpe == "sentencepiece" else (codes, codes)
+    if paths is None or (bpe != "none" and paths[0] is None):
         raise UserError(f"data.bpe={bpe} but {folder} has no {'sentencepiece model' if bpe == 'sentencepiece' else 'codes'} "
                         "file; set data.bpe=auto")
-    return ModelFiles(folder, dictionaries, bpe, path)
+    return ModelFiles(folder, dictionaries, bpe, paths)
 
 
 def read_settings(folder: Path) -> dict:
@@ -112,7 +121,7 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
             if current == "auto" or (current is None and key.endswith("_sets")):
                 data[key] = value
         data.bpe = model_files(data).bpe
-        if data.get("tokenizer") == "auto":  # the recipes: Moses before BPE codes, raw text into sentencepiece
+        if data.get("tokenizer") == "auto":  # the recipes: Moses before BPE codes, normalised text into sentencepiece
             data.tokenizer = None if data.bpe == "sentencepiece" else "moses"
         if data.get("post_process") in (None, "auto"):
             data.post_process = POST_PROCESS[data.bpe]
@@ -144,8 +153,9 @@ def check(data: DictConfig) -> None:
         raise UserError(f"data=pretrained has no test sets: {Path(data.model_dir)} carries no test-set settings "
                         f"({SETTINGS_FILE}); set data.test_sets=[wmt14/full] (sacreBLEU names) or "
                         "'data.test_sets=[{src:FILE,tgt:FILE}]' (your own raw text)")
-    if data.tokenizer not in ("moses", None):
-        raise UserError(f"data.tokenizer must be moses or null, not '{data.tokenizer}'")
+    if data.tokenizer not in TOKENIZERS:
+        raise UserError(f"data.tokenizer must be moses, null (punctuation normalisation only) or none (the text as it "
+                        f"is), not '{data.tokenizer}'")
     for split, entries in splits(data).items():
         for entry in entries:
             if isinstance(entry, str):
@@ -170,7 +180,7 @@ def config_key(data: DictConfig) -> str:
            for entries in splits(data).values() for e in entries if not isinstance(e, str)}
     key = {"splits": splits(data), "langs": [data.src_lang, data.tgt_lang], "tokenizer": data.tokenizer,
            "bpe": files.bpe, "dicts": [_digest(p) for p in files.dictionaries],
-           "codes": _digest(files.codes) if files.codes else None, "own": own, "format": FORMAT_VERSION,
+           "codes": [_digest(p) if p else None for p in files.codes], "own": own, "format": FORMAT_VERSION,
            "checks": [data.max_unk_pct, data.max_pieces_per_word]}
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -186,12 +196,19 @@ def _read(entry, src: str, tgt: str) -> tuple[list[str], list[str]]:
     return sources, targets
 
 
-def _segmenter(files: ModelFiles, staging: Path):
+def _segmenter(files: ModelFiles, side: int, staging: Path):
+    codes = files.codes[side]
     if files.bpe == "none":
         return lambda line: line
     if files.bpe == "fastbpe":  # fastBPE does not build on Python 3.11: subword-nmt applies the same merges
-        return line_function("subword_nmt", str(fastbpe_codes_to_subword_nmt(files.codes, staging / "bpecodes.subword_nmt")))
-    return line_function(files.bpe, str(files.codes))
+        return line_function("subword_nmt", str(fastbpe_codes_to_subword_nmt(codes, staging / "bpecodes.subword_nmt")))
+    return line_function(files.bpe, str(codes))
+
+
+def _tokenizer(data: DictConfig, lang: str):
+    if data.tokenizer == "none":
+        return lambda line: line.strip()
+    return line_function(data.tokenizer or "normalize", lang)
 
 
 def _vocabulary(dictionary: Path) -> set[str]:
@@ -211,7 +228,7 @@ def check_fit(counts: dict, data: DictConfig, files: ModelFiles) -> None:
         if too_many_unk or too_split:
             raise UserError(
                 f"the model's codes do not fit its dictionary: the {split} {lang} text encodes to {unk_pct:.1f}% "
-                f"<unk> and {per_word:.2f} pieces a word with {files.codes.name if files.codes else 'no codes'} and "
+                f"<unk> and {per_word:.2f} pieces a word with {files.describe()} and "
                 f"dict.{lang}.txt in {files.folder} (limits: data.max_unk_pct={data.max_unk_pct}, "
                 f"data.max_pieces_per_word={data.max_pieces_per_word}); use the codes the model was trained with "
                 "(the wmt19.en-ru ensemble shipped EN-DE's: use wmt19.en-ru.single_model's)")
@@ -227,16 +244,17 @@ def build(data: DictConfig, staging: Path) -> dict:
     text, raw = staging / "text", staging / "raw"
     text.mkdir()
     raw.mkdir()
-    segment = _segmenter(files, staging)
     vocab = {lang: _vocabulary(d) for lang, d in zip((src, tgt), files.dictionaries)}
+    tokenizers = [_tokenizer(data, lang) for lang in (src, tgt)]
+    segmenters = [_segmenter(files, 0, staging)]
+    segmenters.append(segmenters[0] if files.codes[1] == files.codes[0] else _segmenter(files, 1, staging))
     counts, sentences, names = {}, {}, {}
     for split, entries in splits(data).items():
         pairs = [_read(entry, src, tgt) for entry in entries]
         for side, lang in enumerate((src, tgt)):
             lines = [line for pair in pairs for line in pair[side]]
-            tokenize = line_function(data.tokenizer or "normalize", lang)
-            words = [tokenize(line) for line in lines]
-            pieces = [segment(line) for line in words]
+            words = [tokenizers[side](line) for line in lines]
+            pieces = [segmenters[side](line) for line in words]
             tokens = [p for line in pieces for p in line.split()]
             counts[split, lang] = {"words": sum(len(w.split()) for w in words), "pieces": len(tokens),
                                    "unk": sum(t not in vocab[lang] for t in tokens)}
@@ -252,7 +270,7 @@ def build(data: DictConfig, staging: Path) -> dict:
         path.unlink()
     text.rmdir()
     summary = {"name": data.name, "pair": f"{src}-{tgt}", "model_dir": str(files.folder), "bpe": files.bpe,
-               "codes": str(files.codes) if files.codes else None, "splits": sentences,
+               "codes": [str(p) if p else None for p in files.codes], "splits": sentences,
                "test_sets": {s: names[s] for s in tests}, "sets": names,
                "encoding": {f"{split}.{lang}": {**c, "unk_pct": round(100 * c["unk"] / max(c["pieces"], 1), 3)}
                             for (split, lang), c in counts.items()}}

@@ -38,7 +38,10 @@ def analyze(cfg: DictConfig) -> dict:
 
     session = Session.open(cfg)
     model = session.model
-    arcs = read_arcs(Path(cfg.arcs) if cfg.arcs else session.data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl")
+    # gold arcs: arcs=FILE, else the data set's own (the synthetic task has them); without any, syntactic roles
+    # are not measured (a WMT test set has no parses) and say so
+    arcs_path = Path(cfg.arcs) if cfg.arcs else session.data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl"
+    arcs = read_arcs(arcs_path) if cfg.arcs or arcs_path.exists() else None
     mask = session.read_mask(cfg.mask) if cfg.mask else None
     pad, eos = session.pad, session.eos
 
@@ -57,7 +60,7 @@ def analyze(cfg: DictConfig) -> dict:
                 real = tokens.ne(pad).nonzero().squeeze(1)  # left-padded: the sentence, then EOS
                 words = tokens[real[:-1]].tolist()
                 rarest = min(range(len(words)), key=lambda i: (session.source_count(words[i]), i)) if words else 0
-                sentence_arcs = arcs[sentence_id] if sentence_id < len(arcs) else []
+                sentence_arcs = arcs[sentence_id] if arcs and sentence_id < len(arcs) else []
                 if any(max(h, d) >= len(words) for _, h, d in sentence_arcs):  # subword tokens: arcs do not align
                     skipped_arcs, sentence_arcs = skipped_arcs + 1, []
                 for layer, m in encoder:
@@ -68,6 +71,8 @@ def analyze(cfg: DictConfig) -> dict:
     roles = pd.concat([stats[layer].table().assign(type="enc-self", layer=layer) for layer, _ in encoder])
     roles["head"] = [m.head_ids[h] for layer, m in encoder for h in range(m.num_heads)]
     roles["rare"] = roles["rare_token"] >= cfg.rare_min_share
+    if arcs is None:
+        roles["syntactic"] = None  # not measured: empty in head_roles.csv, not "no"
     confidence = scores.confidence(model, session.batches(cfg.split, cfg.max_tokens), pad, eos)
     roles = confidence.rename(columns={"importance": "confidence"}).merge(roles, on=["type", "layer", "head"], how="left")
     if mask is not None:
@@ -80,16 +85,21 @@ def analyze(cfg: DictConfig) -> dict:
     enc = roles[roles["type"] == "enc-self"]
     for measure in ("confidence", "positional_prev", "positional_next", "rare_token"):
         plots.head_heatmaps(roles if measure == "confidence" else enc, measure, out / f"roles_{measure}.png", measure)
-    metrics = {"split": cfg.split, "sentences_without_arcs": skipped_arcs, "rare_min_share": cfg.rare_min_share,
-               **{f"{role}_heads": int(enc[role].sum()) for role in ROLES}, **session.provenance()}
+    measured = [role for role in ROLES if role != "syntactic" or arcs is not None]
+    metrics = {"split": cfg.split, "arcs": str(arcs_path) if arcs is not None else None,
+               "sentences_without_arcs": skipped_arcs if arcs is not None else None, "rare_min_share": cfg.rare_min_share,
+               **{f"{role}_heads": int(enc[role].sum()) if role in measured else None for role in ROLES},
+               **session.provenance()}
     lines = [f"{len(enc)} encoder self-attention heads on {cfg.split}: "
-             + ", ".join(f"{metrics[f'{role}_heads']} {role}" for role in ROLES)]
+             + ", ".join(f"{metrics[f'{role}_heads']} {role}" for role in measured)]
+    if arcs is None:
+        lines.append(f"syntactic: not measured, {cfg.split} has no dependency arcs (arcs=<jsonl> adds them)")
     if mask is not None:
-        for role in ROLES:
+        for role in measured:
             heads = enc[enc[role].astype(bool)]
             metrics[f"{role}_heads_alive"] = int(heads["alive"].sum())
             lines.append(f"{role}: {int(heads['alive'].sum())} of {len(heads)} survived the mask")
-        metrics["other_heads_alive"] = int(enc[~enc[list(ROLES)].astype(bool).any(axis=1)]["alive"].sum())
+        metrics["other_heads_alive"] = int(enc[~enc[measured].astype(bool).any(axis=1)]["alive"].sum())
     write_atomic(out / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return metrics

@@ -1,5 +1,6 @@
 """`hprune data prepare data=...`: build the binarized data set into the cache (or find it there).
-`hprune data fetch published=NAME`: download and unpack one of fairseq's published models."""
+`hprune data fetch published=NAME`: download and unpack one of fairseq's published models.
+`hprune data fetch hf=ORG/NAME`: download a Hugging Face Hub translation model (FSMT, Marian)."""
 from __future__ import annotations
 
 import logging
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from ..data.hub import fetch_hub
 from ..data.prepare import prepare
 from ..data.published import PUBLISHED, fetch_published
 from ..errors import UserError
@@ -16,9 +18,14 @@ log = logging.getLogger(__name__)
 
 
 def data(cfg: DictConfig) -> dict:
+    if cfg.action == "fetch" and cfg.hf:
+        folder = fetch_hub(cfg.hf, Path(cfg.paths.models_root), cfg.mirror, str(cfg.revision))
+        print(f"{cfg.hf}: {folder}")
+        return {"model_dir": str(folder)}
     if cfg.action == "fetch":
         if not cfg.published:
-            raise UserError(f"hprune data fetch needs published=NAME, one of: {', '.join(PUBLISHED)}")
+            raise UserError(f"hprune data fetch needs published=NAME, one of: {', '.join(PUBLISHED)}; or hf=ORG/NAME "
+                            "(a Hugging Face Hub FSMT or Marian model)")
         folder = fetch_published(cfg.published, Path(cfg.paths.models_root), Path(cfg.paths.data_root) / "downloads",
                                  cfg.mirror)
         print(f"{cfg.published}: {folder}")
