@@ -6,7 +6,8 @@ training data, then binarized with the model's dictionaries.
       -> fairseq-preprocess --srcdict/--tgtdict (the model's dict.{src,tgt}.txt, joined or separate)
 
 The model's directory is the folder of its checkpoint (or data.model_dir), laid out as fairseq's tarballs
-unpack: dict.<lang>.txt, and `bpecodes` (older archives: `code`) or a sentencepiece model. It may carry the
+unpack: dict.<lang>.txt, and `bpecodes` (older archives: `code`) or a sentencepiece model (or one a side,
+spm.<lang>.model, as imported Marian models have). It may carry the
 data settings of its model (test, valid and train sets, tokenizer) in hprune.yaml, which `hprune data fetch`
 writes for fairseq's published models; settings given on the command line win.
 """
