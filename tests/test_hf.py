@@ -192,6 +192,17 @@ def test_a_marian_model_is_fetched_from_the_hub_resumed_imported_pruned_and_anal
     state = load_checkpoint(metrics["export_checkpoint"])  # an import is written in fairseq's legacy `args` layout
     kept = json.loads(state["args"].kept_heads)
     assert sum(len(layer) for rows in kept.values() for layer in rows) == 12  # half of 24
+    # the pruned export is an hprune_transformer with Marian's options: stock fairseq-generate translates with it
+    # as hprune does
+    from test_stock_fairseq import fairseq_generate
+    imported = next((tmp_path / "models" / "hf").glob("*opus-mt-en-fr-*"))
+    evaluated = tmp_path / "exported"
+    hprune("eval", f"ckpt={metrics['export_checkpoint']}", *common[2:], f"data.model_dir={imported}",
+           "generation.beam=5", "generation.lenpen=1.0", "generation.max_len_a=1.2", "generation.max_len_b=10",
+           f"hydra.run.dir={evaluated}")
+    data_bin = json.loads((evaluated / "metrics.json").read_text())["data_bin"]
+    stock = fairseq_generate(Path(data_bin), Path(metrics["export_checkpoint"]), "--post-process", "sentencepiece")
+    assert stock == (evaluated / "hypotheses.test.txt").read_text().splitlines()
     analysed = tmp_path / "analyze"
     hprune("analyze", *common, "split=test", f"hydra.run.dir={analysed}")
     import pandas as pd

@@ -8,6 +8,9 @@ A physically pruned model records the heads it kept in its config (`--kept-heads
 layout: {type: [[original head ids] per layer]}); `build_model` removes the others before the weights are
 loaded, so stock `fairseq-generate --user-dir` reloads pruned checkpoints too.
 
+A Marian (OPUS-MT) model imported from Hugging Face is an `hprune_transformer` with `--marian-positions`,
+`--decoder-start-embedding` and `--output-bias` (embeddings.py).
+
 `hprune_moa` is the same model with mixtures of attention experts (moa.MoAAttention) in the attention types
 of `--moa-types`; its experts take the place of heads in masks, gates and physical pruning.
 """

@@ -133,8 +133,9 @@ def _download(remote: Remote, dest: Path, retries: int, backoff_s: float, timeou
                 last_error = err
                 continue
             if 400 <= err.code < 500:
-                raise (RemoteMissing if err.code in (404, 410) else UserError)(f"{remote.url} answered HTTP {err.code} ({err.reason}); "
-                                f"{manual_hint(remote, dest)}") from None
+                error = RemoteMissing if err.code in (404, 410) else UserError
+                raise error(f"{remote.url} answered HTTP {err.code} ({err.reason}); "
+                            f"{manual_hint(remote, dest)}") from None
             last_error = err
         except (OSError, http.client.HTTPException) as err:  # URLError, timeouts, resets, cut connections
             if getattr(err, "errno", None) == errno.ENOSPC:

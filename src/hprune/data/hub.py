@@ -9,7 +9,6 @@ https://huggingface.co and `revision` pins a commit. hub.json records where each
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
