@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -20,7 +24,7 @@ def pruned_run(trained_run, tmp_path_factory):
     started = time.perf_counter()
     proc = hprune("prune", "--method", "michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA,
                   "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random,confidence,magnitude]",
-                  "prune.export=true", subprocess=True)  # the prune verb as its own process
+                  "prune.export=true", "significance.resamples=1000", subprocess=True)  # the verb as its own process
     return out, time.perf_counter() - started, proc.stdout
 
 
@@ -40,6 +44,20 @@ def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
     assert michel["bleu"].iloc[0] == evaluated_run[1]["bleu"] == metrics["bleu_unpruned"]
     assert michel["bleu"].iloc[-1] < michel["bleu"].iloc[0]
     assert "| order | heads_pruned |" in (out / "curve.md").read_text() and "| michel | 0 |" in stdout
+
+    # significance: each point against the unpruned model, each baseline point against michel's at that step,
+    # from the translations written for every point; recomputed here with sacreBLEU's own command line
+    assert len(list((out / "hypotheses").glob("*.txt"))) == 40 and curve.loc[curve["step"] == 0, "p_vs_unpruned"].isna().all()
+    refs = Path(evaluated_run[1]["data_bin"]).parent / "raw" / "test.tgt"
+    for order, against, column in (("michel", "michel.0", "p_vs_unpruned"), ("random", "michel.5", "p_vs_method")):
+        cli = subprocess.run([str(Path(sys.executable).with_name("sacrebleu")), str(refs), "-i",
+                              str(out / "hypotheses" / f"{against}.txt"), str(out / "hypotheses" / f"{order}.5.txt"),
+                              "--paired-bs", "--paired-bs-n", "1000", "-f", "json"], capture_output=True, text=True,
+                             env={**os.environ, "SACREBLEU_SEED": "12345"}, check=True)
+        row = curve[(curve["order"] == order) & (curve["step"] == 5)].iloc[0]
+        assert row[column] == pytest.approx(json.loads(cli.stdout)[1]["BLEU"]["p_value"], abs=1e-4), order
+    assert curve.loc[curve["order"] == "michel", "p_vs_method"].isna().all()
+    assert bool(curve[curve["order"] == "michel"].iloc[-1]["significant_vs_unpruned"])  # 90 % pruned: a real loss
 
     importance = pd.read_csv(out / "head_importance.csv")
     assert len(importance) == 36 and sorted(importance["rank"]) == list(range(1, 37))

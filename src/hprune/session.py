@@ -166,8 +166,10 @@ class Session:
         cfg, split = self.cfg, split or self.cfg.split
         detokenizer = "moses" if self.data.get("tokenizer") == "moses" else None  # null/none: nothing to undo
         result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, self.data.post_process, detokenizer)
-        references = read_references(self.data_bin.parent / "raw" / f"{split}.{self.data.tgt_lang}", result.sentences)
-        return result, score(result.hypotheses, references)
+        return result, score(result.hypotheses, self.references(split, result.sentences))
+
+    def references(self, split: str, sentences: int) -> list[str]:
+        return read_references(self.data_bin.parent / "raw" / f"{split}.{self.data.tgt_lang}", sentences)
 
     def loss(self, split: str, max_tokens: int) -> dict:
         return backend.split_loss(self.loaded, self.criterion, split, max_tokens)
@@ -179,7 +181,8 @@ class Session:
             loss = self.loss(self.cfg.loss_split, max_tokens)
         return {"bleu": quality["bleu"], "chrf": quality["chrf"], "bleu_signature": quality["bleu_signature"],
                 "valid_loss": round(loss["loss"], 4),
-                "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses}
+                "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses,
+                "references": self.references(self.cfg.split, result.sentences)}
 
     def costs(self, split: str) -> Tuple[dict, pd.DataFrame]:
         """Parameters and counted MACs per target token (whole model and attention); on MoA models, the MoA

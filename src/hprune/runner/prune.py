@@ -1,8 +1,10 @@
 """`hprune prune --method michel ckpt=PATH`: score heads, prune them cumulatively, measure BLEU at each step.
 
 Flow: score the heads (head_importance.csv) -> optional ablations on the unpruned model -> the pruning curve
-for the method's order and any baseline orders (curve.csv/.md) -> pick a mask (head_mask.json) -> optionally
-remove its heads physically (checkpoints/checkpoint_pruned.pt) and check it against the masked model.
+for the method's order and any baseline orders (curve.csv/.md; each point's translations in hypotheses/, its
+paired-bootstrap p-value against the unpruned model and, for a baseline, against the method's point) -> pick
+a mask (head_mask.json) -> optionally remove its heads physically (checkpoints/checkpoint_pruned.pt) and check
+it against the masked model.
 metrics.json is written last (by the verb wrapper): a run without it did not finish. Methods that train (Voita's
 gates) run their own procedure under the same verb (hprune/methods/).
 """
@@ -31,6 +33,7 @@ from ..pruning.heads import (
     ranked,
 )
 from ..reporting import plots
+from ..reporting.significance import paired_bootstrap
 from ..reporting.tables import markdown
 from . import hydra_app
 
@@ -95,10 +98,28 @@ def ablations(session, pool: Set[Head], importance: pd.DataFrame, unpruned: dict
         write_atomic(out / "ablation_one_head.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
+def compared(result: dict, unpruned: dict, method_result: Optional[dict], cfg: DictConfig) -> dict:
+    """Paired bootstrap (sacreBLEU's) of a curve point against the unpruned model and, for a baseline order,
+    against the method's own point at the same step: p-values, the point's 95 % interval, significance at 0.05."""
+    sig = cfg.significance
+    test = paired_bootstrap(unpruned["hypotheses"], result["hypotheses"], result["references"], sig.resamples, sig.seed)
+    row = {"bleu_ci95": round(test["bleu_ci95"], 4), "p_vs_unpruned": round(test["p_value"], 4),
+           "significant_vs_unpruned": test["significant"]}
+    if method_result is not None:
+        versus = paired_bootstrap(method_result["hypotheses"], result["hypotheses"], result["references"],
+                                  sig.resamples, sig.seed)
+        row.update({"p_vs_method": round(versus["p_value"], 4), "significant_vs_method": versus["significant"]})
+    return row
+
+
 def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: dict, initial_state: Optional[dict],
-          on_row: Callable[[list], None], candidate: Callable[[dict], bool]) -> tuple[list, Optional[tuple]]:
-    """Prune cumulatively in the method's order. Returns the rows and the last step that is a `candidate`
-    for head_mask.json, as (row, its evaluation, mask, weights after fine-tuning or None)."""
+          on_row: Callable[[list], None], candidate: Callable[[dict], bool],
+          against: Optional[dict] = None) -> tuple[list, Optional[tuple], dict]:
+    """Prune cumulatively in the method's order. Returns the rows, the last step that is a `candidate` for
+    head_mask.json, as (row, its evaluation, mask, weights after fine-tuning or None), and each step's
+    evaluation; `against`: the method's evaluations by step, which a baseline order is tested against."""
+    against = against or {}
+    results = {}
     p = session.cfg.prune
     if initial_state is not None:  # fine-tuning changed the weights: every order starts from the checkpoint
         session.load_state(initial_state)
@@ -118,12 +139,15 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
         row = {"order": method, "step": step, "pct_target": pct, "heads_pruned": n,
                "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask), "bleu": result["bleu"],
                "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "chrf": result["chrf"],
-               "valid_loss": result["valid_loss"]}
+               "valid_loss": result["valid_loss"], **(compared(result, unpruned, against.get(step), session.cfg)
+                                                 if n and session.cfg.significance.resamples else {})}
+        write_atomic(run_dir() / "hypotheses" / f"{method}.{step}.txt", "".join(h + "\n" for h in result["hypotheses"]))
         rows.append(row)
+        results[step] = result
         on_row(rows)
         if candidate(row):
             chosen = (row, result, mask, session.state() if p.finetune.updates else None)
-    return rows, chosen
+    return rows, chosen, results
 
 
 def prune(cfg: DictConfig) -> dict:
@@ -178,11 +202,14 @@ def prune(cfg: DictConfig) -> dict:
             return row["pct_target"] == p.target_pct
         return row["delta_bleu"] >= -p.max_bleu_drop
 
+    method_results: dict = {}
     for order in dict.fromkeys([p.method, *p.baselines]):  # the method first, each order once
-        rows, last_candidate = curve(session, pool, order, steps, unpruned, initial_state, write_curve, candidate)
+        rows, last_candidate, results = curve(session, pool, order, steps, unpruned, initial_state, write_curve,
+                                              candidate, None if order == p.method else method_results)
         all_rows += rows
         if order == p.method:
             chosen, chosen_result, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
+            method_results = {step: r for step, r in results.items() if step > 0}
     table = pd.DataFrame(all_rows)
     plots.bleu_curve(table, unpruned["bleu"], out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
     write_json(out / "head_mask.json", chosen_mask)
