@@ -24,17 +24,21 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## the study on the synthetic task: train, eval, Michel curve + random and confidence orders, a Voita λ sweep, `hprune report` (about 8 min on 2 cores)
+demo: install ## the study on the synthetic task: train to convergence, Michel's order against random and confidence on all heads pooled, a Voita λ sweep with its λ = 0 control, head roles, `hprune report`, a summary (about 14 min on 2 cores)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
-	# one pool of heads for every method, the paper's main Voita setting: the encoder self-attention
-	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo "prune.types=[enc-self]" \
-		"prune.baselines=[random,confidence]" hydra.run.dir=outputs/demo/prune
-	# λ = 0 is the control: the same extra training with no penalty
-	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,0.03,0.1,1 \
-		prune.optim.max_update=300 prune.optim.lr=0.01 hydra.sweep.dir=outputs/demo/voita
-	$(VENV)/bin/hprune report outputs/demo hydra.run.dir=outputs/demo/report
+	# Michel et al.: the three attention types pooled, against two other orders; every type removed whole
+	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo prune.step_pct=25 \
+		"prune.baselines=[random,confidence]" "prune.ablations=[types]" hydra.run.dir=outputs/demo/prune
+	# Voita et al.: gates on the encoder self-attention; λ = 0 is the control (the same extra training, no penalty)
+	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,1,4 \
+		prune.optim.max_update=400 prune.optim.lr=0.005 hydra.sweep.dir=outputs/demo/voita
+	# head roles of the start model, and which survived the strongest λ
+	$(VENV)/bin/hprune analyze ckpt=outputs/demo mask=outputs/demo/voita/2/head_mask.json \
+		hydra.run.dir=outputs/demo/analyze
+	$(VENV)/bin/hprune report outputs/demo hydra.run.dir=outputs/demo/report > /dev/null
+	$(PY) scripts/demo_summary.py outputs/demo
 
 test: install ## run the test suite (without tests marked slow)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

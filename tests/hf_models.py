@@ -65,8 +65,8 @@ def build_marian(root: Path, text: dict) -> dict:
     for lang, name in zip(LANGS, ("source", "target")):
         (root / f"{lang}.txt").write_text("".join(line + "\n" for line in text[lang]))
         sentencepiece.SentencePieceTrainer.train(input=str(root / f"{lang}.txt"), model_prefix=str(root / name),
-                                                 vocab_size=120, character_coverage=1.0, bos_id=-1, unk_id=0,
-                                                 eos_id=1, pad_id=-1, minloglevel=2)
+                                                 vocab_size=120, hard_vocab_limit=False, character_coverage=1.0,
+                                                 bos_id=-1, unk_id=0, eos_id=1, pad_id=-1, minloglevel=2)
         shutil.copyfile(root / f"{name}.model", model_dir / f"{name}.spm")
         processor = sentencepiece.SentencePieceProcessor(model_file=str(root / f"{name}.model"))
         pieces += [processor.id_to_piece(i) for i in range(2, processor.get_piece_size())]

@@ -39,7 +39,7 @@ def test_roles_table_summary_and_a_direct_check(trained_run, evaluated_run, tmp_
     modules = [layer.self_attn for layer in loaded.model.encoder.layers]
     loaded.model.record_heads(weights=True)
     previous, rare, queries = torch.zeros(3, 4, dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64), 0
-    raw = Path(evaluated_run[1]["data_bin"]).parent / "raw" / "valid.src"
+    raw = Path(evaluated_run[1]["data_bin"]).parent / "pieces" / "valid.src"  # what the model reads
     for line in raw.read_text().splitlines():
         tokens = dictionary.encode_line(line, add_if_not_exist=False).long()
         counts = [dictionary.count[t] for t in tokens[:-1].tolist()]

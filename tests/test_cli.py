@@ -206,3 +206,20 @@ def test_bad_training_settings_are_refused_before_training(tmp_path, extra, expe
     proc = hprune("train", f"hydra.run.dir={tmp_path}", *SMALL_DATA, "device=cpu", *extra, check=False)
     assert_one_line_error(proc, expected)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
+
+
+def test_console_shows_stage_lines_and_the_log_keeps_everything(trained_run, tmp_path):
+    """A run's terminal output is its stage lines and results; fairseq's records (config dumps, loading) are in
+    <verb>.log only, and on the terminal too with verbose=true."""
+    def run(name: str, *extra: str):
+        out = tmp_path / name
+        proc = hprune("eval", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", *extra,
+                      subprocess=True)
+        return (proc.stdout + proc.stderr).splitlines(), (out / "eval.log").read_text()
+
+    quiet, log = run("quiet")
+    assert any(line.startswith("BLEU ") for line in quiet) and len(quiet) <= 8, quiet
+    assert not [line for line in quiet if "fairseq" in line or "Namespace(" in line], quiet
+    assert "[fairseq." in log and "[hprune.session][INFO] - model" in log  # everything is in the log file
+    loud, _ = run("verbose", "verbose=true")
+    assert any("[fairseq." in line for line in loud) and len(loud) > len(quiet)

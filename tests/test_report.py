@@ -131,3 +131,110 @@ def test_bad_input_is_one_line(tmp_path, args, message):
     proc = hprune("report", *[paths.get(a, a) for a in args], f"hydra.run.dir={tmp_path / 'out'}", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert message in proc.stderr.strip().splitlines()[-1]
+
+
+def sacrebleu_paired(tmp_path: Path, references: list, baseline: list, system: list, resamples: int, seed: int) -> dict:
+    """sacrebleu --paired-bs on files: the system's entry (score, p_value)."""
+    from test_significance import sacrebleu_cli
+    return sacrebleu_cli(tmp_path, references, baseline, system, resamples, seed)[1]["BLEU"]
+
+
+def translated_run(root: Path, name: str, hypotheses: dict, references: list, **kwargs) -> Path:
+    run = run_dir(root, name, "prune", **kwargs)
+    for hyp_name, lines in hypotheses.items():
+        (run / "hypotheses").mkdir(exist_ok=True)
+        (run / "hypotheses" / f"{hyp_name}.txt").write_text("".join(line + "\n" for line in lines))
+    (run / "references.txt").write_text("".join(line + "\n" for line in references))
+    return run
+
+
+def test_significance_controls_and_seeds_in_the_report(tmp_path):
+    """p-values as sacrebleu --paired-bs gives them on the saved files; Voita runs against their λ = 0 control;
+    two train seeds of one recipe aggregated to mean and standard deviation."""
+    from test_significance import corpus, degrade
+    references = corpus(1, 80)
+    start, michel, rand = degrade(references, 4, 2), degrade(references, 3, 3), degrade(references, 1, 4)
+    types = ["enc-self", "dec-self", "dec-enc"]
+    bleus = {}
+    for seed in (1, 2):  # two train runs of one recipe, seeds 1 and 2
+        train = run_dir(tmp_path / "train", str(seed), "train", {"bleu": 1.0}, config={"seed": seed, "model": {"d": 1}})
+        ckpt = str(train / "checkpoints" / "checkpoint_best.pt")
+        prune = {"verb": "prune", "checkpoint": ckpt, "types": types, "heads_pool": 36, "bleu_unpruned": 30.0 + seed,
+                 "method": "michel", "pct_pruned": 50.0, "bleu": 20.0}
+        curve = pd.DataFrame([("michel", 0, 0.0, 30.0 + seed), ("michel", 1, 50.0, 20.0 + seed),
+                              ("random", 0, 0.0, 30.0 + seed), ("random", 1, 50.0, 10.0 + 3 * seed)],
+                             columns=["order", "step", "pct_pruned", "bleu"])
+        run = translated_run(tmp_path / "prune", str(seed), {"michel.0": start, "michel.1": michel, "random.0": start,
+                                                             "random.1": rand}, references, metrics=prune)
+        curve.to_csv(run / "curve.csv", index=False)
+        bleus[seed] = curve
+    voita = {"verb": "prune", "method": "voita", "checkpoint": CKPT, "types": ["enc-self"], "heads_pool": 12,
+             "bleu_unpruned": 30.0}
+    for job, (lam, bleu, pct) in enumerate([(0, 33.0, 0.0), (0.1, 31.0, 50.0)]):
+        translated_run(tmp_path / "voita", str(job), {"unpruned": start, "pruned": michel if lam else start},
+                       references, metrics={**voita, "l0_lambda": lam, "bleu": bleu, "pct_pruned": pct,
+                                            "delta_bleu": bleu - 30.0, "kept_heads": 12 - int(pct * 12 / 100)},
+                       config={"seed": 1, "ckpt": CKPT, "prune": {"types": ["enc-self"], "l0_lambda": lam}})
+    collection = collect([tmp_path])
+    tests = tables.Translations(200, 3)
+    table = tables.comparison(collection, [50], tests=tests)
+    cli_random = sacrebleu_paired(tmp_path / "cli1", references, start, rand, 200, 3)
+    cli_pair = sacrebleu_paired(tmp_path / "cli2", references, michel, rand, 200, 3)
+    randoms = table[table["method"] == "random"]
+    assert randoms["p@50%"].tolist() == pytest.approx([cli_random["p_value"]] * 2, abs=1e-9)
+    assert randoms["sig@50%"].tolist() == [cli_random["p_value"] < 0.05] * 2
+    assert randoms["ΔBLEU@50%"].tolist() == pytest.approx([-18.0, -16.0])  # 10 + 3 seed - (30 + seed)
+    # the Voita point is measured against its control (33), not the start (30)
+    voita_row = table[table["method"] == "voita"].iloc[0]
+    assert voita_row["reference"] == "λ=0 control" and voita_row["ΔBLEU@50%"] == pytest.approx(31.0 - 33.0)
+    cli_voita = sacrebleu_paired(tmp_path / "cli3", references, start, michel, 200, 3)
+    assert voita_row["p@50%"] == pytest.approx(cli_voita["p_value"], abs=1e-9)
+    pairs = tables.pairwise(collection, [50], [], tests)
+    assert len(pairs) == 2 and set(pairs["method"]) == {"michel"} and set(pairs["versus"]) == {"random"}
+    assert pairs["p_value"].tolist() == pytest.approx([cli_pair["p_value"]] * 2, abs=1e-9)
+    assert pairs["difference"].iloc[0] == pytest.approx(cli_pair["score"] - sacrebleu_paired(
+        tmp_path / "cli4", references, michel, michel, 200, 3)["score"], abs=1e-9)
+    lambdas = tables.lambdas(collection, tests).set_index("l0_lambda")
+    assert lambdas.loc[0.1, "bleu_control"] == 33.0 and lambdas.loc[0.1, "delta_bleu_control"] == pytest.approx(-2.0)
+    assert lambdas.loc[0.1, "p_vs_control"] == pytest.approx(cli_voita["p_value"], abs=1e-9)
+    # seeds: the two michel runs share a recipe; mean and sample standard deviation by hand
+    table.insert(0, "model", "m")
+    seeds = tables.over_seeds(table, ["types", "method"]).set_index("method")
+    assert seeds.loc["random", "seeds"] == 2
+    assert seeds.loc["random", "BLEU@50% mean"] == pytest.approx((13.0 + 16.0) / 2)
+    assert seeds.loc["random", "BLEU@50% sd"] == pytest.approx(((13.0 - 14.5) ** 2 * 2) ** 0.5)
+    assert seeds.loc["random", "sig@50%"] == f"{2 * (cli_random['p_value'] < 0.05)}/2"
+    assert seeds.loc["voita", "seeds"] == 1 and pd.isna(seeds.loc["voita", "BLEU@50% sd"])  # one run: no spread
+    marked = tables.markdown(tables.marked(table))
+    assert ("-18.00*" in marked) == (cli_random["p_value"] < 0.05)
+
+
+def chromium() -> str | None:
+    import shutil
+    return next((found for name in ("chromium", "chromium-browser", "google-chrome") if (found := shutil.which(name))),
+                None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(chromium() is None, reason="needs Chromium (Debian: apt-get install chromium)")
+def test_report_html_renders_its_tables_and_images_in_a_browser(tmp_path):
+    """report.html, opened offline in headless Chromium: every table is there with its rows, every embedded
+    figure decodes to an image (naturalWidth > 0), and nothing is fetched from elsewhere."""
+    import re
+    import subprocess as sp
+    study(tmp_path / "runs")
+    out = tmp_path / "report"
+    hprune("report", str(tmp_path / "runs"), f"hydra.run.dir={out}")
+    page = (out / "report.html").read_text()
+    assert "http://" not in page and "https://" not in page and "<script" not in page  # self-contained
+    # a copy with a probe: after load, it writes each image's decoded width into the page
+    probe = ("<script>window.onload=()=>{document.body.setAttribute('data-images',"
+             "[...document.images].map(i=>i.complete?i.naturalWidth:-1).join(','))}</script></body>")
+    (tmp_path / "probe.html").write_text(page.replace("</body>", probe))
+    dom = sp.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                  "--dump-dom", (tmp_path / "probe.html").as_uri()], capture_output=True, text=True, timeout=120,
+                 check=True).stdout
+    widths = [int(w) for w in re.search(r'data-images="([^"]*)"', dom).group(1).split(",")]
+    assert len(widths) == page.count("<img") >= 3 and min(widths) > 100, widths
+    assert dom.count("<table>") == page.count("<table>") >= 4
+    assert "<td>michel</td>" in dom and "Incomplete runs" in dom

@@ -26,16 +26,22 @@ def degrade(lines: list[str], every: int, seed: int) -> list[str]:
             for i, line in enumerate(lines)]
 
 
+def sacrebleu_cli(folder: Path, references, baseline, system, resamples: int, seed: int) -> list:
+    """`sacrebleu REF -i BASE SYS --paired-bs` on files written into folder: its JSON, one entry per system."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, lines in (("ref", references), ("base", baseline), ("sys", system)):
+        (folder / name).write_text("".join(line + "\n" for line in lines))
+    cli = Path(sys.executable).with_name("sacrebleu")
+    out = subprocess.run([str(cli), str(folder / "ref"), "-i", str(folder / "base"), str(folder / "sys"),
+                          "--paired-bs", "--paired-bs-n", str(resamples), "-f", "json"], capture_output=True,
+                         text=True, env={**os.environ, "SACREBLEU_SEED": str(seed)}, check=True).stdout
+    return json.loads(out)
+
+
 def test_paired_bootstrap_equals_sacrebleu_paired_bs(tmp_path):
     references = corpus(1)
     baseline, system = degrade(references, 2, 2), degrade(references, 5, 3)
-    for name, lines in (("ref", references), ("base", baseline), ("sys", system)):
-        (tmp_path / name).write_text("".join(line + "\n" for line in lines))
-    cli = Path(sys.executable).with_name("sacrebleu")
-    out = subprocess.run([str(cli), str(tmp_path / "ref"), "-i", str(tmp_path / "base"), str(tmp_path / "sys"),
-                          "--paired-bs", "--paired-bs-n", "300", "-f", "json"], capture_output=True, text=True,
-                         env={**os.environ, "SACREBLEU_SEED": "7"}, check=True).stdout
-    theirs = json.loads(out)
+    theirs = sacrebleu_cli(tmp_path, references, baseline, system, 300, 7)
     ours = paired_bootstrap(baseline, system, references, resamples=300, seed=7)
     assert ours["reference_bleu"] == pytest.approx(theirs[0]["BLEU"]["score"], abs=1e-9)
     assert ours["reference_bleu_ci95"] == pytest.approx(theirs[0]["BLEU"]["ci"], abs=1e-9)

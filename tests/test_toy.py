@@ -3,56 +3,118 @@ import collections
 import json
 from dataclasses import replace
 
-from hprune.data.toy import ARC_LABELS, ToyParams, build_lexicon, generate, write_corpus
+from hprune.data.toy import (
+    ARC_LABELS,
+    CONTINUATION,
+    OBJECT_PARTICLE,
+    SUBJECT_PARTICLE,
+    ToyParams,
+    build_lexicon,
+    generate,
+    join_pieces,
+    write_corpus,
+)
 
-SMALL = ToyParams(n_train=1500, n_valid=50, n_test=50, n_names=40)
+SMALL = ToyParams(n_train=1500, n_valid=50, n_test=50, n_names=200)
 
 
 def test_same_seed_same_bytes_other_seed_other_corpus(tmp_path):
-    write_corpus(SMALL, tmp_path / "a")
-    write_corpus(SMALL, tmp_path / "b")
-    write_corpus(replace(SMALL, seed=2), tmp_path / "c")
-    for name in ("train.src", "train.tgt", "test.arcs.jsonl", "params.json"):
+    for name, params in (("a", SMALL), ("b", SMALL), ("c", replace(SMALL, seed=2))):
+        write_corpus(params, tmp_path / name / "raw", tmp_path / name / "pieces")
+    for name in ("raw/train.src", "pieces/train.tgt", "raw/test.arcs.jsonl", "raw/params.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    assert (tmp_path / "a" / "train.src").read_bytes() != (tmp_path / "c" / "train.src").read_bytes()
-    assert json.loads((tmp_path / "a" / "params.json").read_text())["n_train"] == 1500
+    assert (tmp_path / "a" / "pieces/train.src").read_bytes() != (tmp_path / "c" / "pieces/train.src").read_bytes()
+    assert json.loads((tmp_path / "a" / "raw/params.json").read_text())["n_train"] == 1500
+    # the references are the pieces joined as fairseq's subword_nmt post-processing joins them
+    pieces = (tmp_path / "a" / "pieces/test.tgt").read_text().splitlines()
+    words = (tmp_path / "a" / "raw/test.tgt").read_text().splitlines()
+    assert [line.replace("@@ ", "") for line in pieces] == words and any("@@ " in line for line in pieces)
 
 
-def test_each_name_is_rare_in_training_and_copied_through():
+def test_words_need_both_pieces():
+    """Every content word is a stem and an ending; neither piece alone tells the word, its part of speech or a
+    noun's class: only the two together."""
+    lexicon = build_lexicon(SMALL)
+    words = {"noun": [p for nouns in lexicon.nouns for p, _ in nouns], "adjective": [p for p, _ in lexicon.adjectives],
+             "verb": [p for p, _ in lexicon.verbs], "adverb": [p for p, _ in lexicon.adverbs]}
+    every = [w for group in words.values() for w in group]
+    assert len(set(every)) == len(every) and all(len(w) == 2 and w[0].endswith(CONTINUATION) for w in every)
+    uses = collections.defaultdict(set)
+    for kind, group in words.items():
+        for stem, ending in group:
+            uses[stem].add(kind)
+            uses[ending].add(kind)
+    assert sum(len(kinds) > 1 for kinds in uses.values()) >= 0.8 * len(uses)
+    classes_of = collections.defaultdict(set)
+    for c, nouns in enumerate(lexicon.nouns):
+        for (stem, ending), _ in nouns:
+            classes_of[stem].add(c)
+            classes_of[ending].add(c)
+    assert sum(len(c) > 1 for c in classes_of.values()) >= 0.8 * len(classes_of)
+    assert len({t for nouns in lexicon.nouns for _, t in nouns}) == len(words["noun"])
+
+
+def test_each_name_is_rare_in_training_made_of_rare_pieces_and_copied_through():
     corpus, lexicon = generate(SMALL), build_lexicon(SMALL)
-    names = set(lexicon.names)
-    counts = collections.Counter(t for s in corpus["train"] for t in s.source if t in names)
+    names = {" ".join(n) for n in lexicon.names}
+    counts = collections.Counter()
+    for s in corpus["train"]:
+        text = " ".join(s.source)
+        counts.update(n for n in names if f" {n} " in f" {text} ")
     assert set(counts) == names
     assert min(counts.values()) >= SMALL.name_min_count and max(counts.values()) <= SMALL.name_max_count
-    for sentence in corpus["train"] + corpus["test"]:
-        assert [t for t in sentence.source if t in names] == [t for t in sentence.target if t in names]
-    assert any(t in names for s in corpus["test"] for t in s.source)
+    tokens = collections.Counter(t for s in corpus["train"] for t in s.source)
+    name_pieces = {p for n in lexicon.names for p in n}
+    assert max(tokens[p] for p in name_pieces) < min(tokens[t] for t in tokens if t not in name_pieces)
+    for sentence in corpus["train"] + corpus["test"]:  # copied, subject first: the same pieces, maybe reordered
+        assert sorted(t for t in sentence.source if t in name_pieces) == sorted(t for t in sentence.target if t in name_pieces)
+    assert sum(any(t in name_pieces for t in s.source) for s in corpus["test"]) >= 0.2 * len(corpus["test"])
 
 
-def test_arcs_and_agreement():
+def word_ending_at(source, i) -> tuple:
+    """The pieces of the word whose last piece is at i."""
+    start = i
+    while start > 0 and source[start - 1].endswith(CONTINUATION):
+        start -= 1
+    return tuple(source[start:i + 1])
+
+
+def test_arcs_point_at_the_words_last_pieces_and_the_verb_agrees():
     corpus, lexicon = generate(SMALL), build_lexicon(SMALL)
-    noun_class = {src: c for c, nouns in enumerate(lexicon.nouns) for src, _ in nouns}
+    noun_class = {pieces: c for c, nouns in enumerate(lexicon.nouns) for pieces, _ in nouns}
     noun_class.update({n: SMALL.n_noun_classes - 1 for n in lexicon.names})
-    verb_forms = {src: forms for src, forms in lexicon.verbs}
-    adjectives = {a for a, _ in lexicon.adjectives}
+    verb_forms = dict(lexicon.verbs)
+    adjectives, adverbs = {a for a, _ in lexicon.adjectives}, {a for a, _ in lexicon.adverbs}
+    orders = collections.Counter()
     for s in corpus["train"][:300]:
+        assert all(0 <= i < len(s.source) and not s.source[i].endswith(CONTINUATION) for _, h, d in s.arcs for i in (h, d))
         arcs = {label: [(h, d) for lab, h, d in s.arcs if lab == label] for label in ARC_LABELS}
         (verb, subject), = arcs["nsubj"]
         (verb2, obj), = arcs["dobj"]
-        assert verb == verb2 and s.source[verb] in verb_forms and subject < verb < obj
+        assert verb == verb2 == len(s.source) - 1 and word_ending_at(s.source, verb) in verb_forms
+        # each noun phrase is followed by its case particle, in either order
+        assert s.source[subject + 1] == SUBJECT_PARTICLE and s.source[obj + 1] == OBJECT_PARTICLE
+        orders[subject < obj] += 1
         # the target verb (the last word) agrees with the class of the subject, several tokens back
-        assert s.target[-1] == verb_forms[s.source[verb]][noun_class[s.source[subject]]]
+        assert s.target[-1] == verb_forms[word_ending_at(s.source, verb)][noun_class[word_ending_at(s.source, subject)]]
         for head, dep in arcs["amod"]:
-            assert s.source[dep] in adjectives and s.source[head] in noun_class and dep < head
+            assert word_ending_at(s.source, dep) in adjectives and word_ending_at(s.source, head) in noun_class
+            assert dep < head
         for head, dep in arcs["advmod"]:
-            assert head == verb and dep == verb - 1
-        assert all(0 <= i < len(s.source) for _, h, d in s.arcs for i in (h, d))
+            assert head == verb and dep == verb - 2 and word_ending_at(s.source, dep) in adverbs
+    assert min(orders.values()) > 100  # both orders, about half each
+    assert join_pieces(["Ba@@", "ko@@", "lu", "the"]) == ["Bakolu", "the"]
 
 
-def test_adjectives_follow_their_noun_in_the_target():
+def test_the_target_puts_the_subject_first_with_adjectives_after_their_noun():
     corpus, lexicon = generate(SMALL), build_lexicon(SMALL)
     translation = dict(lexicon.adjectives + [pair for nouns in lexicon.nouns for pair in nouns])
+    for s in corpus["train"][:100]:
+        (_, _, subject), = [a for a in s.arcs if a[0] == "nsubj"]
+        subject_word = word_ending_at(s.source, subject)
+        first = s.target[:len(subject_word)] if subject_word in lexicon.names else s.target[1:2]
+        assert first == (list(subject_word) if subject_word in lexicon.names else [translation[subject_word]])
     sentence = next(s for s in corpus["train"] if any(lab == "amod" for lab, _, _ in s.arcs))
     label, head, dep = next(a for a in sentence.arcs if a[0] == "amod")
-    noun_at = sentence.target.index(translation[sentence.source[head]])
-    assert translation[sentence.source[dep]] in sentence.target[noun_at + 1:]
+    noun_at = sentence.target.index(translation[word_ending_at(sentence.source, head)])
+    assert translation[word_ending_at(sentence.source, dep)] in sentence.target[noun_at + 1:]

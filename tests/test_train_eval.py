@@ -146,7 +146,7 @@ def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trai
     from hprune.session import Session
     from test_cli import assert_one_line_error
     _, unmasked = evaluated_run
-    data = {"name": "toy", "tgt_lang": "tgt", "post_process": None, "tokenizer": None}
+    data = {"name": "toy", "tgt_lang": "tgt", "post_process": "subword_nmt", "tokenizer": None}
     cfg = OmegaConf.create({"ckpt": str(trained_run), "data": data, "device": "cpu", "precision": "fp32",
                             "split": "test", "seed": 1, "loss_split": "valid",
                             "generation": {"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1,
@@ -178,3 +178,15 @@ def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trai
 def backend_load(trained_run, data_bin):
     from hprune.backend import load_model
     return load_model(trained_run / "checkpoints" / "checkpoint_best.pt", data_bin)
+
+
+def test_tensorboard_logs_are_written_into_the_run_dir(tmp_path):
+    """tensorboard=true: fairseq's TensorBoard event files, with the training loss, under <run dir>/tensorboard/."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run = tmp_path / "run"
+    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN, "optim.max_update=20", "log_interval=5",
+           "tensorboard=true")
+    losses = EventAccumulator(str(run / "tensorboard" / "train_inner")).Reload().Scalars("loss")  # every log_interval
+    assert [event.step for event in losses] == [5, 10, 15, 20] and all(event.value > 0 for event in losses)
+    for epochs in ("train", "valid"):  # once an epoch
+        assert EventAccumulator(str(run / "tensorboard" / epochs)).Reload().Scalars("loss")

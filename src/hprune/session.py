@@ -82,7 +82,10 @@ class Session:
         checkpoint = backend.read_checkpoint(path)
         data = bind(cfg.data, checkpoint.path, checkpoint.languages)  # a model's own data: from its folder
         data_bin = prepare(data, cfg.paths.data_root)
-        return cls(cfg, data, backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision), data_bin)
+        session = cls(cfg, data, backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision), data_bin)
+        log.info("model %s (%s parameters) on %s, %s; data %s", session.checkpoint, f"{session.n_params():,}",
+                 session.device, cfg.get("precision", "fp32"), data.name)
+        return session
 
     def reopen(self, ckpt: Path) -> "Session":
         """Another checkpoint (exported, retrained, gated) on this session's data and settings, measured with this
@@ -234,7 +237,8 @@ class Session:
         smoothing = cfg.criterion.get("label_smoothing", 0.0) if cfg.criterion is not None else 0.0
         return backend.continue_training_argv(
             self.checkpoint, cfg.model, cfg.task, self.data_bin, save_dir, self.cfg.device, self.cfg.precision, seed,
-            ["--criterion", criterion, "--label-smoothing", str(smoothing), *options])
+            ["--criterion", criterion, "--label-smoothing", str(smoothing), *options,
+             *backend.tensorboard_flags(self.cfg, save_dir)])
 
     def unpruned_mask(self) -> Mask:
         return mask_without(self.model, ())

@@ -26,6 +26,7 @@ from .commands import (  # noqa: E402
     flags,
     generation_argv,
     head_layout,
+    tensorboard_flags,
     train_argv,
 )
 from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa: E402
@@ -47,5 +48,5 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model", "read_checkpoint",
-           "repair_resume_point", "resolve_device", "split_loss", "split_targets", "train", "train_argv",
+           "repair_resume_point", "resolve_device", "split_loss", "split_targets", "tensorboard_flags", "train", "train_argv",
            "train_speed", "translate"]

@@ -45,10 +45,16 @@ def fairseq_train_argv(data_dir: Path, source_lang: str, target_lang: str, arch:
             *{"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision], *(["--cpu"] if device == "cpu" else [])]
 
 
+def tensorboard_flags(cfg: DictConfig, save_dir: Path) -> List[str]:
+    """With tensorboard=true, fairseq's TensorBoard logs (train / valid scalars) beside the checkpoints folder:
+    <run dir>/tensorboard/."""
+    return ["--tensorboard-logdir", str(Path(save_dir).parent / "tensorboard")] if cfg.get("tensorboard") else []
+
+
 def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
     """The fairseq-train command line that a `hprune train` config stands for."""
     check_model(cfg.model, cfg.optim)
-    options = flags(cfg.model, skip=("arch",)) + flags(cfg.optim)
+    options = flags(cfg.model, skip=("arch",)) + flags(cfg.optim) + tensorboard_flags(cfg, save_dir)
     if cfg.get("head_mask"):  # only the mask's alive heads exist in the model (e.g. the from-scratch control)
         mask = read_mask(cfg.head_mask, head_layout(cfg.model), key="head_mask")
         options += ["--kept-heads", json.dumps(kept_ids(mask), separators=(",", ":"))]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..console import progress
 from .generation import batches
 from .loading import Loaded
 
@@ -16,15 +17,17 @@ def finetune(loaded: Loaded, criterion, updates: int, lr: float, max_tokens: int
     model.train()
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98))
     done, epoch = 0, 0
-    while done < updates:
-        epoch += 1
-        for sample in batches(loaded, "train", max_tokens, shuffle_seed=seed + epoch):
-            loss, sample_size, _ = criterion(model, sample)
-            optimizer.zero_grad(set_to_none=True)
-            (loss / sample_size).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            done += 1
-            if done == updates:
-                break
+    with progress("fine-tune", updates, "upd", leave=False) as bar:
+        while done < updates:
+            epoch += 1
+            for sample in batches(loaded, "train", max_tokens, shuffle_seed=seed + epoch):
+                loss, sample_size, _ = criterion(model, sample)
+                optimizer.zero_grad(set_to_none=True)
+                (loss / sample_size).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                done += 1
+                bar.advance(1)
+                if done == updates:
+                    break
     model.eval()

@@ -11,6 +11,7 @@ import torch
 from fairseq import options
 from omegaconf import DictConfig
 
+from ..console import progress
 from ..errors import UserError
 from .commands import generation_argv
 from .compat import PLUGIN_DIR, frozen_heap, to_omegaconf
@@ -70,7 +71,7 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
 
     timer = StopwatchMeter()
     hypotheses: dict[int, str] = {}
-    with frozen_heap():
+    with frozen_heap(), progress(f"translate {split}", len(dataset), "sent", leave=False) as bar:
         for sample in itr:
             sample = utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
             if "net_input" not in sample:
@@ -86,6 +87,7 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
                 text = task.target_dictionary.string(best["tokens"].int().cpu(), cfg.common_eval.post_process,
                                                      extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
                 hypotheses[sample_id] = decode(text)
+            bar.advance(len(sample["id"]))
     missing = len(dataset) - len(hypotheses)
     if missing:
         raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")

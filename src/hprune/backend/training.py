@@ -14,6 +14,7 @@ from fairseq import options
 
 from hprune_fairseq.safe_load import CorruptCheckpointError, load_checkpoint
 
+from ..console import training_progress
 from ..errors import UserError
 from ..files import write_atomic
 from .compat import frozen_heap, to_omegaconf
@@ -50,9 +51,10 @@ def binarize(text_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 
             handler.close()
 
 
-def train(argv: Sequence[str], script: Optional[Path] = None) -> None:
+def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "train") -> None:
     """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one.
-    `script`: also write the equivalent command line there (fairseq-train.sh in a run dir)."""
+    `script`: also write the equivalent command line there (fairseq-train.sh in a run dir); `label`: its
+    progress bar's."""
     from fairseq import checkpoint_utils, distributed_utils
     from fairseq_cli import train as fairseq_train
 
@@ -64,7 +66,8 @@ def train(argv: Sequence[str], script: Optional[Path] = None) -> None:
     # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
     vars(checkpoint_utils.save_checkpoint).pop("best", None)
     cfg = to_omegaconf(args)
-    with frozen_heap():
+    log.info("%s: fairseq-train, %s updates -> %s", label, cfg.optimization.max_update or "all", args.save_dir)
+    with frozen_heap(), training_progress(label, cfg.optimization.max_update or None):
         distributed_utils.call_main(cfg, fairseq_train.main)
 
 

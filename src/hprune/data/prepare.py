@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from . import databin, pretrained, wmt
-from .toy import SRC, TGT, ToyParams, write_corpus
+from .toy import SRC, TGT, ToyParams, build_lexicon, write_corpus
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 2  # bump when the generator or the binarization changes
+FORMAT_VERSION = 3  # bump when the generator or the binarization changes
 
 
 def toy_params(data: DictConfig) -> ToyParams:
@@ -35,18 +35,28 @@ def toy_params(data: DictConfig) -> ToyParams:
         raise UserError(f"unknown toy data parameter(s) {sorted(unknown)}; "
                         f"valid ones: {', '.join(ToyParams.__dataclass_fields__)}")
     least = {"n_train": 1, "n_valid": 1, "n_noun_classes": 1, "nouns_per_class": 1, "n_adjectives": 1, "n_verbs": 1,
-             "n_adverbs": 1, "n_names": 1, "name_min_count": 1}  # the others may be 0 (n_test=0: no test split)
+             "n_adverbs": 1, "n_names": 1, "name_min_count": 1, "n_stems": 1, "n_endings": 1}  # others may be 0
+    probabilities = ("p_adverb", "p_object_first")
     for key, value in params.items():
-        if key in ("seed", "p_adverb"):
+        if key == "seed" or key in probabilities:
             continue
         if not isinstance(value, int) or value < least.get(key, 0):
             raise UserError(f"data.params.{key}={value} must be a whole number >= {least.get(key, 0)}; "
                             f"e.g. data.params.{key}={getattr(ToyParams, key)}")
     if params.get("name_max_count", ToyParams.name_max_count) < params.get("name_min_count", ToyParams.name_min_count):
         raise UserError("data.params.name_max_count must be >= data.params.name_min_count")
-    if not 0 <= params.get("p_adverb", ToyParams.p_adverb) <= 1:
-        raise UserError(f"data.params.p_adverb={params['p_adverb']} is a probability; use 0..1")
-    return ToyParams(**params)
+    for key in probabilities:
+        if not isinstance(params.get(key, 0), (int, float)) or not 0 <= params.get(key, 0) <= 1:
+            raise UserError(f"data.params.{key}={params[key]} is a probability; use 0..1")
+    toy = ToyParams(**params)
+    try:
+        build_lexicon(toy)  # a few milliseconds: refuses inventories too small for the words asked for
+    except ValueError as err:
+        raise UserError(f"data.params: {err}") from None
+    if toy.n_names * toy.name_max_count > 2 * toy.n_train:
+        raise UserError(f"data.params.n_train={toy.n_train} has too few noun phrases for n_names x name_max_count "
+                        f"= {toy.n_names * toy.name_max_count} name occurrences; raise n_train or lower n_names")
+    return toy
 
 
 KINDS = ("toy", "wmt", "pretrained", "databin")
@@ -115,8 +125,8 @@ def prepare(data: DictConfig, data_root: str | Path) -> Path:
         else:
             from .. import backend  # fairseq is needed only to build
 
-            write_corpus(toy_params(data), staging / "raw")
-            backend.binarize(staging / "raw", staging / "bin", SRC, TGT)
+            write_corpus(toy_params(data), staging / "raw", staging / "pieces")
+            backend.binarize(staging / "pieces", staging / "bin", SRC, TGT)
     except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(err, OSError) and err.errno == errno.ENOSPC:

@@ -1,18 +1,28 @@
 """The embedded synthetic translation task (`data=toy`).
 
 A seeded grammar produces a parallel corpus whose translation forces attention heads to specialise the way
-they do on real language:
+they do on real, subword-level language:
 
-    source:  [the ADJ* NOUN | NAME]subj  [ADV]  VERB  [the ADJ* NOUN | NAME]obj
-    target:  [le NOUN' ADJ'* | NAME]subj  [... ]obj  [ADV']  VERB'-SUFFIX(class of subject)
+    source:  NP(subj) ga  NP(obj) wo  [ADV] VERB      or, as often,   NP(obj) wo  NP(subj) ga  [ADV] VERB
+             NP = the ADJ* NOUN | NAME
+    target:  NP'(subj)  NP'(obj)  [ADV']  VERB'-SUFFIX(class of the subject);   NP' = le NOUN' ADJ'* | NAME
 
-* local reordering: adjectives follow their noun, the verb goes last (positional heads);
-* agreement across a distance: the verb's suffix depends on the subject noun's class (syntactic heads);
-* amod / advmod / dobj / nsubj relations, written as gold arcs for every source sentence;
-* rare names, each seen only a few times in training, copied through unchanged (rare-token heads).
+* subword pieces, written as BPE writes them (`ba@@ ko`): every content word is a stem piece and an ending
+  piece from one shared inventory, and neither piece alone tells the word, its part of speech or a noun's
+  class (class = stem + ending, modulo the classes), so the encoder must assemble words from neighbours;
+* free source order marked by case particles: who is the subject is said by the particle after a noun phrase,
+  not by its place, so the noun phrases must learn their role from their context before the decoder can put
+  the subject first (without encoder self-attention this cannot be done);
+* reordering (adjectives follow their noun), agreement across a distance (the verb's suffix depends on the
+  subject noun's class);
+* many rare names, each seen only a few times in training and made of rare pieces, copied through piece by
+  piece (rare-token heads);
+* amod / advmod / dobj / nsubj relations, written as gold arcs between token positions (a word is its last
+  piece) for every source sentence.
 
-Every word is a pseudo-word made from syllables, so no real language leaks in. Same parameters, same
-corpus, byte for byte.
+The text in raw/ is words (the references, as BLEU sees them); the pieces the model reads are in pieces/.
+Every word is a pseudo-word made from syllables, so no real language leaks in. Same parameters, same corpus,
+byte for byte.
 """
 from __future__ import annotations
 
@@ -23,6 +33,10 @@ from pathlib import Path
 
 SRC, TGT = "src", "tgt"
 ARC_LABELS = ("nsubj", "dobj", "amod", "advmod")  # the relations of the gold arcs (raw/<split>.arcs.jsonl)
+SUBJECT_PARTICLE, OBJECT_PARTICLE = "ga", "wo"  # case markers after each noun phrase: they, not the order, say who
+CONTINUATION = "@@"  # subword-nmt's mark on every piece but a word's last (fairseq --post-process subword_nmt)
+
+Word = tuple  # a word's pieces, continuation marks included: ("ba@@", "ko")
 
 
 @dataclass(frozen=True)
@@ -33,136 +47,188 @@ class ToyParams:
     n_test: int = 400
     n_noun_classes: int = 3
     nouns_per_class: int = 10
+    n_stems: int = 12
+    n_endings: int = 8
     n_adjectives: int = 16
     n_verbs: int = 16
     n_adverbs: int = 8
-    n_names: int = 800
+    n_names: int = 5000
     name_min_count: int = 2  # occurrences of each name in the training split
-    name_max_count: int = 5
+    name_max_count: int = 6
     max_adjectives: int = 2
     p_adverb: float = 0.5
+    p_object_first: float = 0.5  # source order object-subject-verb instead of subject-object-verb
 
 
 @dataclass
 class Lexicon:
-    nouns: list[list[tuple[str, str]]]  # per class: (source, target)
-    adjectives: list[tuple[str, str]]
-    verbs: list[tuple[str, list[str]]]  # source, target form per subject class
-    adverbs: list[tuple[str, str]]
-    names: list[str]
+    nouns: list[list[tuple[Word, str]]]  # per class: (source pieces, target word)
+    adjectives: list[tuple[Word, str]]
+    verbs: list[tuple[Word, list[str]]]  # source pieces, target form per subject class
+    adverbs: list[tuple[Word, str]]
+    names: list[Word]
 
 
 _ONSETS = "b d f g k l m n p r s t v z".split()
 _VOWELS = "a e i o u".split()
 
 
-def _pseudo_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
+def _pseudo_words(rng: random.Random, count: int, syllables: int, taken: set[str], coda: bool = False) -> list[str]:
+    """count new words of `syllables` CV syllables (CVC with coda=True: the rarer name pieces)."""
     words = []
     while len(words) < count:
-        word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables))
+        word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + (rng.choice(_ONSETS) if coda else "")
+                       for _ in range(syllables))
         if word not in taken:
             taken.add(word)
             words.append(word)
     return words
 
 
+def join_pieces(pieces) -> list[str]:
+    """Words from pieces, as fairseq's subword_nmt post-processing gives them back."""
+    return " ".join(pieces).replace(CONTINUATION + " ", "").split()
+
+
 def build_lexicon(params: ToyParams) -> Lexicon:
     rng = random.Random(f"lexicon-{params.seed}")
-    taken = {"the", "le"}
-    n_nouns = params.n_noun_classes * params.nouns_per_class
-
-    def pairs(count: int, syllables: int) -> list[tuple[str, str]]:
-        return list(zip(_pseudo_words(rng, count, syllables, taken), _pseudo_words(rng, count, syllables + 1, taken)))
-
-    noun_pairs = pairs(n_nouns, 2)
-    nouns = [noun_pairs[c * params.nouns_per_class:(c + 1) * params.nouns_per_class]
-             for c in range(params.n_noun_classes)]
-    adjectives = pairs(params.n_adjectives, 2)
-    suffixes = [v + "x" for v in _VOWELS][: params.n_noun_classes]
-    if len(suffixes) < params.n_noun_classes:
+    taken = {"the", "le", SUBJECT_PARTICLE, OBJECT_PARTICLE}
+    classes = params.n_noun_classes
+    if classes > len(_VOWELS):
         raise ValueError(f"n_noun_classes must be at most {len(_VOWELS)}")
-    verb_stems = pairs(params.n_verbs, 2)
-    verbs = [(src, [tgt + suffix for suffix in suffixes]) for src, tgt in verb_stems]
-    adverbs = pairs(params.n_adverbs, 3)
-    names = [w.capitalize() for w in _pseudo_words(rng, params.n_names, 3, taken)]
+    stems = _pseudo_words(rng, params.n_stems, 2, taken)
+    endings = _pseudo_words(rng, params.n_endings, 1, taken)
+    # every content word is a stem and an ending from one shared inventory; a noun's class is (stem + ending)
+    # mod classes, so that each piece occurs in every class and in every part of speech: only both tell the word
+    combos = [(s, e) for s in range(len(stems)) for e in range(len(endings))]
+    rng.shuffle(combos)
+    by_class = [[c for c in combos if sum(c) % classes == k] for k in range(classes)]
+    if min(len(c) for c in by_class) < params.nouns_per_class:
+        raise ValueError("n_stems x n_endings is too small for nouns_per_class nouns in each class")
+    noun_combos = [c[:params.nouns_per_class] for c in by_class]
+    rest = [c for c in combos if not any(c in chosen for chosen in noun_combos)]
+    needed = params.n_adjectives + params.n_verbs + params.n_adverbs
+    if len(rest) < needed:
+        raise ValueError(f"n_stems x n_endings = {len(combos)} pieces pairs are too few for the "
+                         f"{classes * params.nouns_per_class + needed} content words")
+
+    def word(combo) -> Word:
+        taken.add(stems[combo[0]] + endings[combo[1]])  # the joined word is unique too
+        return stems[combo[0]] + CONTINUATION, endings[combo[1]]
+
+    def translated(chosen, syllables: int) -> list:
+        return list(zip((word(c) for c in chosen), _pseudo_words(rng, len(chosen), syllables, taken)))
+
+    nouns = [translated(chosen, 3) for chosen in noun_combos]
+    adjectives = translated(rest[:params.n_adjectives], 3)
+    suffixes = [v + "x" for v in _VOWELS][:classes]
+    verbs = [(src, [tgt + suffix for suffix in suffixes])
+             for src, tgt in translated(rest[params.n_adjectives:params.n_adjectives + params.n_verbs], 2)]
+    adverbs = translated(rest[params.n_adjectives + params.n_verbs:needed], 4)
+    pieces = _pseudo_words(rng, 600, 1, taken, coda=True)
+    names: list[Word] = []
+    seen = set()
+    while len(names) < params.n_names:
+        name = rng.sample(pieces, rng.randint(2, 3))
+        name[0] = name[0].capitalize()
+        if tuple(name) not in seen:
+            seen.add(tuple(name))
+            names.append(tuple(p + CONTINUATION for p in name[:-1]) + (name[-1],))
     return Lexicon(nouns, adjectives, verbs, adverbs, names)
 
 
 @dataclass
 class Sentence:
-    source: list[str]
-    target: list[str]
-    arcs: list[tuple[str, int, int]]  # (label, head position, dependent position), 0-based source positions
+    source: list[str]  # pieces
+    target: list[str]  # pieces
+    arcs: list[tuple[str, int, int]]  # (label, head, dependent): 0-based source token positions, a word's last piece
 
 
 class _Generator:
     def __init__(self, params: ToyParams, lexicon: Lexicon, rng: random.Random):
         self.params, self.lexicon, self.rng = params, lexicon, rng
 
-    def noun_phrase(self, start: int, name: str | None):
+    def noun_phrase(self, start: int, name: Word | None):
         """Returns source tokens, target tokens, noun class, position of the head noun and amod arcs."""
         if name is not None:  # names agree like the last class ("persons") and are copied verbatim
-            return [name], [name], self.params.n_noun_classes - 1, start, []
+            return list(name), list(name), self.params.n_noun_classes - 1, start + len(name) - 1, []
         rng, lex = self.rng, self.lexicon
         noun_class = rng.randrange(self.params.n_noun_classes)
         noun_src, noun_tgt = rng.choice(lex.nouns[noun_class])
         adjectives = rng.sample(lex.adjectives, rng.randint(0, self.params.max_adjectives))
-        source = ["the"] + [a for a, _ in adjectives] + [noun_src]
+        source, ends = ["the"], []
+        for pieces, _ in adjectives:
+            source += pieces
+            ends.append(start + len(source) - 1)
+        source += noun_src
         target = ["le", noun_tgt] + [a for _, a in adjectives]
         head = start + len(source) - 1
-        arcs = [("amod", head, start + 1 + i) for i in range(len(adjectives))]
-        return source, target, noun_class, head, arcs
+        return source, target, noun_class, head, [("amod", head, end) for end in ends]
 
-    def sentence(self, subject_name: str | None, object_name: str | None) -> Sentence:
-        rng, lex = self.rng, self.lexicon
-        subj_src, subj_tgt, subj_class, subj_head, arcs = self.noun_phrase(0, subject_name)
-        source, target = list(subj_src), list(subj_tgt)
-        adverb = rng.choice(lex.adverbs) if rng.random() < self.params.p_adverb else None
+    def sentence(self, subject_name: Word | None, object_name: Word | None) -> Sentence:
+        """Source: both noun phrases, each followed by its case particle, in either order, then the verb (the
+        adverb before it); target: subject, object, adverb, verb."""
+        rng, lex, p = self.rng, self.lexicon, self.params
+        object_first = rng.random() < p.p_object_first
+        source, arcs, heads = [], [], {}
+        target_of = {}
+        for role in (("obj", "subj") if object_first else ("subj", "obj")):
+            src, tgt, noun_class, head, np_arcs = self.noun_phrase(len(source), subject_name if role == "subj"
+                                                                   else object_name)
+            source += src + [SUBJECT_PARTICLE if role == "subj" else OBJECT_PARTICLE]
+            arcs += np_arcs
+            heads[role], target_of[role] = head, tgt
+            if role == "subj":
+                subj_class = noun_class
+        adverb = rng.choice(lex.adverbs) if rng.random() < p.p_adverb else None
         if adverb:
-            source.append(adverb[0])
+            source += adverb[0]
+        adverb_end = len(source) - 1
         verb_src, verb_tgt = rng.choice(lex.verbs)
-        verb_pos = len(source)
-        source.append(verb_src)
-        obj_src, obj_tgt, _, obj_head, obj_arcs = self.noun_phrase(len(source), object_name)
-        source += obj_src
-        target += obj_tgt + ([adverb[1]] if adverb else []) + [verb_tgt[subj_class]]
-        arcs += obj_arcs + [("nsubj", verb_pos, subj_head), ("dobj", verb_pos, obj_head)]
+        source += verb_src
+        verb_pos = len(source) - 1
+        target = target_of["subj"] + target_of["obj"] + ([adverb[1]] if adverb else []) + [verb_tgt[subj_class]]
+        arcs += [("nsubj", verb_pos, heads["subj"]), ("dobj", verb_pos, heads["obj"])]
         if adverb:
-            arcs.append(("advmod", verb_pos, verb_pos - 1))
+            arcs.append(("advmod", verb_pos, adverb_end))
         return Sentence(source, target, sorted(arcs, key=lambda a: (a[2], a[0])))
 
 
 def generate(params: ToyParams) -> dict[str, list[Sentence]]:
-    """The whole corpus, split by split. Every name occurs in training between min and max count times."""
+    """The whole corpus, split by split. Every name occurs in training between min and max count times; valid and
+    test sentences carry names at the training rate, names seen in training."""
     lexicon = build_lexicon(params)
     corpus: dict[str, list[Sentence]] = {}
-    for split, size in (("train", params.n_train), ("valid", params.n_valid), ("test", params.n_test)):
+    rng = random.Random(f"train-{params.seed}")
+    # Each name is given a fixed small number of slots, spread over random noun-phrase positions.
+    slots = [n for n in lexicon.names for _ in range(rng.randint(params.name_min_count, params.name_max_count))]
+    if len(slots) > 2 * params.n_train:
+        raise ValueError(f"n_train={params.n_train} is too small for {len(slots)} name occurrences")
+    name_at = dict(zip(rng.sample(range(2 * params.n_train), len(slots)), slots))
+    gen = _Generator(params, lexicon, rng)
+    corpus["train"] = [gen.sentence(name_at.get(2 * i), name_at.get(2 * i + 1)) for i in range(params.n_train)]
+    rate = len(slots) / (2 * params.n_train)
+    for split, size in (("valid", params.n_valid), ("test", params.n_test)):
         rng = random.Random(f"{split}-{params.seed}")
         gen = _Generator(params, lexicon, rng)
-        if split == "train":
-            # Each name is given a fixed small number of slots, spread over random noun-phrase positions.
-            slots = [n for n in lexicon.names for _ in range(rng.randint(params.name_min_count, params.name_max_count))]
-            if len(slots) > size:
-                raise ValueError(f"n_train={size} is too small for {len(slots)} name occurrences")
-            positions = rng.sample(range(2 * size), len(slots))
-            name_at = dict(zip(positions, slots))
-            corpus[split] = [gen.sentence(name_at.get(2 * i), name_at.get(2 * i + 1)) for i in range(size)]
-        else:
-            rate = 0.1
 
-            def pick():
-                return rng.choice(lexicon.names) if rng.random() < rate else None
+        def pick():
+            return rng.choice(lexicon.names) if rng.random() < rate else None
 
-            corpus[split] = [gen.sentence(pick(), pick()) for _ in range(size)]
+        corpus[split] = [gen.sentence(pick(), pick()) for _ in range(size)]
     return corpus
 
 
-def write_corpus(params: ToyParams, out_dir: Path) -> None:
-    """Writes `{split}.src`, `{split}.tgt`, `{split}.arcs.jsonl` and `params.json` into out_dir."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_corpus(params: ToyParams, raw_dir: Path, pieces_dir: Path) -> None:
+    """Writes words to raw_dir (`{split}.src`, `{split}.tgt`, `{split}.arcs.jsonl`, `params.json`) and the pieces
+    the model reads to pieces_dir (`{split}.src`, `{split}.tgt`)."""
+    for folder in (raw_dir, pieces_dir):
+        folder.mkdir(parents=True, exist_ok=True)
     for split, sentences in generate(params).items():
-        (out_dir / f"{split}.{SRC}").write_text("".join(" ".join(s.source) + "\n" for s in sentences))
-        (out_dir / f"{split}.{TGT}").write_text("".join(" ".join(s.target) + "\n" for s in sentences))
-        (out_dir / f"{split}.arcs.jsonl").write_text(
+        for lang, side in ((SRC, "source"), (TGT, "target")):
+            lines = [getattr(s, side) for s in sentences]
+            (pieces_dir / f"{split}.{lang}").write_text("".join(" ".join(p) + "\n" for p in lines))
+            (raw_dir / f"{split}.{lang}").write_text("".join(" ".join(join_pieces(p)) + "\n" for p in lines))
+        (raw_dir / f"{split}.arcs.jsonl").write_text(
             "".join(json.dumps({"arcs": [list(a) for a in s.arcs]}) + "\n" for s in sentences))
-    (out_dir / "params.json").write_text(json.dumps(asdict(params), indent=1, sort_keys=True) + "\n")
+    (raw_dir / "params.json").write_text(json.dumps(asdict(params), indent=1, sort_keys=True) + "\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .. import backend
+from .. import backend, translations
 from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..errors import UserError
 from ..files import write_atomic, write_json
@@ -101,11 +101,14 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
     control = OmegaConf.create({
         "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
         "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(start.data, resolve=True),
-        "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path)})
+        "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path),
+        "tensorboard": cfg.get("tensorboard", False)})
     save = out / "scratch" / "checkpoints"
-    backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh")
+    backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh",
+                  label="from scratch")
     trained = start.reopen(save / "checkpoint_best.pt")
     result = trained.evaluate(None, cfg.prune.optim.max_tokens)
+    translations.save(out, "scratch", result)
     return {"bleu_scratch": result["bleu"], "valid_loss_scratch": result["valid_loss"],
             "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
             "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
@@ -120,9 +123,10 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     check_budget(p, len(pool))
     max_tokens = p.optim.max_tokens
     unpruned = start.evaluate(None, max_tokens)
+    translations.save(out, "unpruned", unpruned)
 
     save = out / "checkpoints"
-    backend.train(gated_training_argv(cfg, start, save), script=out / "fairseq-train.sh")
+    backend.train(gated_training_argv(cfg, start, save), script=out / "fairseq-train.sh", label="gates")
 
     gated = start.reopen(save / "checkpoint_last.pt")
     gates = gate_table(gated.model)
@@ -131,6 +135,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.kept}
     mask = mask_without(gated.model, closed)
     pruned = gated.evaluate(mask, max_tokens)
+    translations.save(out, "pruned", pruned)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
     write_json(out / "head_mask.json", mask)
@@ -161,6 +166,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     if p.finetune.updates:
         gated.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
         final = gated.evaluate(mask, max_tokens)
+        translations.save(out, "finetuned", final)
         metrics.update(finetune_updates=p.finetune.updates, bleu_finetuned=final["bleu"],
                        delta_bleu_finetuned=round(final["bleu"] - unpruned["bleu"], 4),
                        valid_loss_finetuned=final["valid_loss"])

@@ -3,11 +3,13 @@
 A run dir is any folder with `.hydra/config.yaml` (a single run or one job of a multirun sweep). It is finished
 when its `metrics.json` is there (the verbs write it last, atomically); otherwise it is listed as incomplete
 (failed, killed or still running), never dropped silently. Each row holds the run's path, its verb, its
-command-line overrides, the settings that decide whether two BLEU scores can be compared, and every scalar
-of metrics.json. Prune runs with a curve (curve.csv) also give one row per curve point.
+command-line overrides, the settings that decide whether two BLEU scores can be compared, the recipe and seed
+of the model it used (runs that differ by seed only are aggregated over), a key its control must share, and
+every scalar of metrics.json. Prune runs with a curve (curve.csv) also give one row per curve point.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,11 @@ from ..errors import UserError
 # config keys that must agree for two runs' BLEU scores to be comparable
 SCORING_KEYS = ("data.name", "data.src_lang", "data.tgt_lang", "split", "generation.beam", "generation.lenpen")
 SKIPPED_VERBS = ("report", "data")  # they write no results of their own
+# what a train run's seed does not change: runs of checkpoints with the same recipe differ by the seed only
+RECIPE_KEYS = ("data", "model", "optim", "average_last", "head_mask")
+# what a Voita run's control (λ = 0) shares with it: the same extra training, without the penalty
+CONTROL_KEYS = ("ckpt", "seed", "split", "prune.types", "prune.optim", "prune.l0_normalize", "prune.gate_init",
+                "prune.freeze_decoder")
 
 
 @dataclass
@@ -64,6 +71,31 @@ def read_overrides(run: Path) -> list[str]:
     return (yaml.safe_load(overrides_file.read_text()) or []) if overrides_file.exists() else []
 
 
+def _digest(tree) -> str:
+    return hashlib.sha1(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def trained_by(checkpoint) -> tuple[str, Optional[int]]:
+    """(recipe, seed) of the `hprune train` run a checkpoint comes from (<run>/checkpoints/<file>.pt): the digest
+    of its settings without the seed, and its seed; for any other checkpoint (published, imported), its path and
+    no seed."""
+    path = Path(str(checkpoint))
+    config = path.parent.parent / ".hydra" / "config.yaml"
+    try:
+        train = yaml.safe_load(config.read_text()) if path.parent.name == "checkpoints" else None
+    except (OSError, yaml.YAMLError):
+        train = None
+    if not isinstance(train, dict) or train.get("verb") != "train":
+        return str(path), None
+    return _digest({key: train.get(key) for key in RECIPE_KEYS}), train.get("seed")
+
+
+def _setting(config: dict, dotted: str):
+    for part in dotted.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
 def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
     """(row, None) for a finished run; (None, why) for an incomplete one; (None, None) for one to skip."""
     try:
@@ -84,6 +116,11 @@ def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
            "overrides": " ".join(read_overrides(run))}
     row.update({k: v for k, v in metrics.items() if not isinstance(v, (dict, list))})
     row["types"] = ",".join(metrics["types"]) if isinstance(metrics.get("types"), list) else metrics.get("types")
+    row["seed"] = config.get("seed")
+    if row.get("checkpoint") is not None:
+        row["recipe"], row["train_seed"] = trained_by(row["checkpoint"])
+    if config.get("verb") == "prune":
+        row["control_key"] = _digest({key: _setting(config, key) for key in CONTROL_KEYS})
     return row, None
 
 
@@ -102,7 +139,8 @@ def collect(roots: list[Path]) -> Collection:
         if (run / "curve.csv").exists():
             curve = pd.read_csv(run / "curve.csv")
             curve.insert(0, "run", label)
-            for key in ("checkpoint", "types", "heads_pool", "bleu_unpruned", *SCORING_KEYS):
+            for key in ("checkpoint", "types", "heads_pool", "bleu_unpruned", "recipe", "train_seed", "seed", "path",
+                        *SCORING_KEYS):
                 curve[key] = row.get(key)
             curves.append(curve.rename(columns={"order": "method"}))
     if not rows:

@@ -41,14 +41,20 @@ def _lines(ax, xlabel: str, title: str, legend: str = "best") -> None:
 
 
 def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path | list[Path], title: str = "",
-               by: str = "order") -> Path:
-    """BLEU vs % of heads pruned, one line per pruning order (`by`), the unpruned model as a dashed line."""
+               by: str = "order", baseline_label: str = "unpruned") -> Path:
+    """BLEU vs % of heads pruned, one line per pruning order (`by`), the reference as a dashed line. Several
+    rows at one point (seeds) draw their mean with a standard-deviation error bar."""
     plt = _figure()
     fig, ax = plt.subplots(figsize=(6, 4))
     for order, rows in curve.groupby(by, sort=False):
-        rows = rows.sort_values("pct_pruned")
-        ax.plot(rows["pct_pruned"], rows["bleu"], marker="o", label=order)
-    ax.axhline(baseline_bleu, color="grey", linestyle="--", linewidth=1, label="unpruned")
+        stats = rows.groupby("pct_pruned")["bleu"].agg(["mean", "std", "count"]).sort_index()
+        if (stats["count"] > 1).any():
+            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3,
+                        label=f"{order} (mean ± sd, {int(stats['count'].max())} seeds)")
+        else:
+            ax.plot(stats.index, stats["mean"], marker="o", label=order)
+    if not np.isnan(baseline_bleu):
+        ax.axhline(baseline_bleu, color="grey", linestyle="--", linewidth=1, label=baseline_label)
     ax.set_ylabel("BLEU")
     _lines(ax, "% of heads pruned", title, legend="lower left")  # curves fall to the right
     return _save(fig, path)
@@ -85,12 +91,18 @@ def line(table: pd.DataFrame, x: str, ys: list, path: Path | list[Path], title: 
     return _save(fig, path)
 
 
-def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: str = "") -> Path:
-    """BLEU against `x` (e.g. λ; a log axis when all values are positive), heads kept on a second axis."""
+def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: str = "",
+                   references: dict | None = None) -> Path:
+    """BLEU against `x` (e.g. λ; a log axis when all values are positive), heads kept on a second axis;
+    `references`: label -> BLEU drawn as horizontal lines (the λ = 0 control, the start)."""
     plt = _figure()
     table = table.sort_values(x)
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(table[x], table["bleu"], marker="o", color="tab:blue", label="BLEU")
+    for (label, bleu), style in zip((references or {}).items(), ("--", ":")):
+        ax.axhline(bleu, color="grey", linestyle=style, linewidth=1, label=label)
+    if references:
+        ax.legend(loc="lower left")
     ax.set_ylabel("BLEU", color="tab:blue")
     positive = table[x][table[x] > 0]
     if len(positive) and (table[x] >= 0).all():  # λ grids are geometric; a λ = 0 control stays on the axis

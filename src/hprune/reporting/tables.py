@@ -8,13 +8,20 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
+from .. import translations
 from ..errors import UserError
 from .collect import SCORING_KEYS, Collection
+from .significance import paired_bootstrap
 
 GROUP = ["checkpoint", "types"]  # one comparison: the same model, the same pool of heads
+P_VALUE_COLUMNS = ("p@", "p_")
+MATCH_PCT = 0.5  # a point measured within this many percentage points of a target sparsity is "at" it
 RUN_COLUMNS = ["run", "verb", "method", "pct_pruned", "kept_heads", "bleu", "delta_bleu", "chrf"]
 
 
@@ -22,7 +29,7 @@ def markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
     """Markdown (pandas' own to_markdown needs the optional tabulate package)."""
     lines = ["| " + " | ".join(map(str, table.columns)) + " |",
              "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(table[c]) else "---" for c in table.columns) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in _cells(table, floatfmt)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells(table, floatfmt)]
     return "\n".join(lines) + "\n"
 
 
@@ -37,11 +44,11 @@ def latex(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
     align = "".join("r" if pd.api.types.is_numeric_dtype(table[c]) else "l" for c in table.columns)
     lines = [rf"\begin{{tabular}}{{{align}}}", r"\toprule", " & ".join(esc(str(c)) for c in table.columns) + r" \\",
              r"\midrule"]
-    lines += [" & ".join(esc(cell) for cell in row) + r" \\" for row in _cells(table, floatfmt)]
+    lines += [" & ".join(esc(cell) for cell in row) + r" \\" for row in cells(table, floatfmt)]
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
 
 
-def _cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
+def cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
     """Text of every cell: floats with floatfmt, except in columns of whole numbers (counts that NaNs turned
     into floats); blanks for missing values."""
     whole = {c for c in table.columns if pd.api.types.is_float_dtype(table[c])
@@ -51,6 +58,8 @@ def _cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
         if value is None or (isinstance(value, (float, np.floating)) and pd.isna(value)):
             return ""
         if isinstance(value, (float, np.floating)):
+            if str(column).startswith(P_VALUE_COLUMNS):  # p-values: 0.00 would hide p = 0.001
+                return format(value, ".4f")
             return str(int(value)) if column in whole else format(value, floatfmt)
         return str(value)
 
@@ -58,17 +67,63 @@ def _cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------------------------- comparison
+POINT_COLUMNS = ["run", *GROUP, "method", "pct_pruned", "bleu", "bleu_unpruned", "recipe", "train_seed", "seed",
+                 *SCORING_KEYS]
+
+
+def with_controls(runs: pd.DataFrame) -> pd.DataFrame:
+    """Voita runs with their control: the run of the same extra training (same checkpoint, seed, schedule and
+    gated types) at λ = 0. Adds bleu_control, control_run and control_path (blank where no control ran)."""
+    runs = runs.copy()
+    runs["bleu_control"] = float("nan")
+    for column in ("control_run", "control_path"):
+        runs[column] = None
+    if "method" not in runs or "l0_lambda" not in runs:
+        return runs
+    voita = (runs["verb"] == "prune") & (runs["method"] == "voita")
+    budget = runs["head_budget"] if "head_budget" in runs else pd.Series(None, index=runs.index)
+    is_control = voita & (runs["l0_lambda"].astype(float) == 0) & budget.isna()
+    controls = runs[is_control].drop_duplicates("control_key").set_index("control_key")
+    for i in runs.index[voita]:
+        key = runs.at[i, "control_key"]
+        if key in controls.index:
+            runs.at[i, "bleu_control"] = float(controls.at[key, "bleu"])
+            runs.at[i, "control_run"], runs.at[i, "control_path"] = controls.at[key, "run"], controls.at[key, "path"]
+    return runs
+
+
 def pruning_points(collection: Collection) -> pd.DataFrame:
-    """(run, checkpoint, types, method, pct_pruned, bleu, bleu_unpruned, scoring keys): every point of every
-    pruning curve, and one point per prune run without a curve (a gated Voita run is one point)."""
-    runs = collection.runs
-    keep = ["run", *GROUP, "method", "pct_pruned", "bleu", "bleu_unpruned", *SCORING_KEYS]
-    parts = [collection.curves.reindex(columns=keep)] if not collection.curves.empty else []
+    """Every point of every pruning curve, and one point per prune run without a curve (a gated Voita run is one
+    point), with its reference: the unpruned model, or for a method that trains, its control where one ran.
+    Columns: POINT_COLUMNS, reference, bleu_reference, and where the point's translations and the reference's
+    are (path, hyp; reference_path, reference_hyp: see hprune/translations.py)."""
+    runs = with_controls(collection.runs)
+    parts = []
+    if not collection.curves.empty:
+        curves = collection.curves.reindex(columns=POINT_COLUMNS + ["path", "step"])
+        steps = curves["step"]
+        curves["hyp"] = [f"{m}.{int(s)}" if pd.notna(s) else None for m, s in zip(curves["method"], steps)]
+        curves["reference_hyp"] = [f"{m}.0" if pd.notna(s) else None for m, s in zip(curves["method"], steps)]
+        curves["reference_path"] = curves["path"]
+        curves["reference"], curves["bleu_reference"] = "unpruned", curves["bleu_unpruned"]
+        parts.append(curves.drop(columns=["step"]))
     curve_runs = set(collection.curves["run"]) if not collection.curves.empty else set()
-    single = runs[(runs["verb"] == "prune") & ~runs["run"].isin(curve_runs)] if "method" in runs else runs.iloc[:0]
-    parts.append(single.reindex(columns=keep))
+    if "method" in runs:
+        single = runs[(runs["verb"] == "prune") & ~runs["run"].isin(curve_runs)]
+        single = single.reindex(columns=POINT_COLUMNS + ["path", "bleu_control", "control_path"])
+        controlled = single["bleu_control"].notna()
+        single["hyp"] = "pruned"
+        single["reference"] = ["λ=0 control" if c else "unpruned" for c in controlled]
+        single["bleu_reference"] = single["bleu_control"].where(controlled, single["bleu_unpruned"])
+        single["reference_path"] = single["control_path"].where(controlled, single["path"])
+        single["reference_hyp"] = ["pruned" if c else "unpruned" for c in controlled]
+        parts.append(single.drop(columns=["bleu_control", "control_path"]))
+    if not parts:
+        return pd.DataFrame(columns=POINT_COLUMNS)
     points = pd.concat(parts, ignore_index=True).dropna(subset=["pct_pruned", "bleu"])
-    return points.astype({"pct_pruned": float, "bleu": float})
+    points = points.astype({"pct_pruned": float, "bleu": float, "bleu_reference": float})
+    points["delta"] = points["bleu"] - points["bleu_reference"]
+    return points
 
 
 def check_comparable(points: pd.DataFrame, group_by: list[str]) -> None:
@@ -86,15 +141,52 @@ def check_comparable(points: pd.DataFrame, group_by: list[str]) -> None:
                                 f"them apart, or add group_by=[{setting}] for one table each")
 
 
-def interpolate(points: pd.DataFrame, targets: list[float]) -> list[float]:
-    """BLEU at each target % pruned, linear between measured points; NaN outside the measured range."""
-    by_pct = points.groupby("pct_pruned")["bleu"].mean().sort_index()
+def interpolate(points: pd.DataFrame, targets: list[float], value: str = "bleu") -> list[float]:
+    """`value` at each target % pruned, linear between measured points; NaN outside the measured range."""
+    by_pct = points.groupby("pct_pruned")[value].mean().sort_index()
     x, y = by_pct.index.to_numpy(float), by_pct.to_numpy(float)
     return [float(np.interp(t, x, y)) if x.min() <= t <= x.max() else float("nan") for t in targets]
 
 
-def comparison(collection: Collection, sparsity: list[float], group_by: list[str] = ()) -> pd.DataFrame:
-    """One row per (model, pool, method): BLEU and ΔBLEU (vs the unpruned model) at each target sparsity."""
+def measured_at(points: pd.DataFrame, target: float) -> Optional[pd.Series]:
+    """The point measured at target % pruned (within half a percentage point), if there is one."""
+    near = points[(points["pct_pruned"] - target).abs() <= MATCH_PCT]
+    return near.iloc[0] if len(near) else None
+
+
+class Translations:
+    """Saved translations of the runs, read once each, and paired bootstrap tests between them (sacreBLEU's);
+    resamples=0 tests nothing."""
+
+    def __init__(self, resamples: int, seed: int):
+        self.resamples, self.seed, self.cache = resamples, seed, {}
+
+    def read(self, path, name: Optional[str]) -> Optional[list[str]]:
+        """A run's hypotheses `name`, or its references with name=None; None where they were not saved."""
+        if (path, name) not in self.cache:
+            run = None if path is None or pd.isna(path) else Path(path)
+            self.cache[(path, name)] = (None if run is None else translations.references(run) if name is None
+                                        else translations.load(run, name))
+        return self.cache[(path, name)]
+
+    def test(self, base: pd.Series, point: pd.Series, against: str = "reference") -> Optional[dict]:
+        """paired_bootstrap of `point` vs base's reference model (against="reference": the unpruned model or the
+        control of base's run) or vs base itself (against="point"); None where translations are missing."""
+        if not self.resamples:
+            return None
+        baseline = (self.read(base["reference_path"], base["reference_hyp"]) if against == "reference"
+                    else self.read(base["path"], base["hyp"]))
+        system, references = self.read(point["path"], point["hyp"]), self.read(point["path"], None)
+        if baseline is None or system is None or references is None or not len(baseline) == len(system) == len(references):
+            return None
+        return paired_bootstrap(baseline, system, references, self.resamples, self.seed)
+
+
+def comparison(collection: Collection, sparsity: list[float], group_by: list[str] = (),
+               tests: Optional[Translations] = None) -> pd.DataFrame:
+    """One row per (model, pool, method): BLEU at each target sparsity and ΔBLEU against the method's reference
+    (the unpruned model; a trained method's λ = 0 control); with `tests`, where a point was measured at that
+    sparsity, the p-value of that difference (paired bootstrap over the test sentences)."""
     points = pruning_points(collection)
     if points.empty:
         return pd.DataFrame()
@@ -102,16 +194,82 @@ def comparison(collection: Collection, sparsity: list[float], group_by: list[str
     check_comparable(points, group_by)
     rows = []
     for key, group in points.groupby(GROUP + group_by, dropna=False, sort=False):
-        unpruned = group["bleu_unpruned"].dropna()
-        baseline = float(unpruned.iloc[0]) if len(unpruned) else float("nan")
         for method, method_points in group.groupby("method", sort=False):
+            reference = method_points["reference"].iloc[0]
+            bleu_reference = method_points["bleu_reference"].dropna()
             row = dict(zip(GROUP + group_by, key))
-            row.update({"method": method, "points": len(method_points), "unpruned": baseline})
-            for target, bleu in zip(sparsity, interpolate(method_points, sparsity)):
-                row[f"BLEU@{target:g}%"] = bleu
-                row[f"ΔBLEU@{target:g}%"] = bleu - baseline
+            row.update({"method": method, "recipe": method_points["recipe"].iloc[0],
+                        "train_seed": method_points["train_seed"].iloc[0], "seed": method_points["seed"].iloc[0],
+                        "points": len(method_points), "reference": reference,
+                        "reference_bleu": float(bleu_reference.iloc[0]) if len(bleu_reference) else float("nan")})
+            bleus, deltas = interpolate(method_points, sparsity), interpolate(method_points, sparsity, "delta")
+            for target, bleu, delta in zip(sparsity, bleus, deltas):
+                row[f"BLEU@{target:g}%"], row[f"ΔBLEU@{target:g}%"] = bleu, delta
+                point = measured_at(method_points, target)
+                test = tests.test(point, point) if tests is not None and point is not None else None
+                if tests is not None and tests.resamples:
+                    row[f"p@{target:g}%"] = test["p_value"] if test else float("nan")
+                    row[f"sig@{target:g}%"] = test["significant"] if test else None
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def pairwise(collection: Collection, sparsity: list[float], group_by: list[str], tests: Translations) -> pd.DataFrame:
+    """Methods against each other at matched sparsity, where both measured a point there: one row per pair (in
+    the order the methods first appear), the second method's BLEU minus the first's, and its p-value."""
+    points = pruning_points(collection)
+    rows = []
+    if points.empty or not tests.resamples:
+        return pd.DataFrame()
+    for key, group in points.groupby(GROUP + list(group_by), dropna=False, sort=False):
+        methods = list(dict.fromkeys(group["method"]))
+        for target in sparsity:
+            at = {m: measured_at(group[group["method"] == m], target) for m in methods}
+            present = [m for m in methods if at[m] is not None]
+            for i, first in enumerate(present):
+                for second in present[i + 1:]:
+                    test = tests.test(at[first], at[second], against="point")
+                    if test is None:
+                        continue
+                    rows.append({**dict(zip(GROUP + list(group_by), key)), "recipe": group["recipe"].iloc[0],
+                                 "sparsity": target, "method": first, "versus": second,
+                                 "bleu": float(at[first]["bleu"]), "bleu_versus": float(at[second]["bleu"]),
+                                 "difference": test["delta"], "p_value": test["p_value"],
+                                 "significant": test["significant"]})
+    return pd.DataFrame(rows)
+
+
+def over_seeds(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Rows that differ only by seed (same recipe of the model, same `keys`) as mean and standard deviation
+    (n - 1) of every number, with the seeds counted; a `sig@` column becomes how many seeds were significant.
+    Empty when no rows repeat; rows of one seed stay, with a blank standard deviation."""
+    if table.empty or not table.groupby(["recipe", *keys], dropna=False).size().gt(1).any():
+        return pd.DataFrame()
+    values = [c for c in table.columns if c.startswith(("BLEU@", "ΔBLEU@", "bleu", "difference")) and
+              pd.api.types.is_numeric_dtype(table[c])]
+    out = []
+    for key, rows in table.groupby(["recipe", *keys], dropna=False, sort=False):
+        row = {"model": rows["model"].iloc[0] if "model" in rows else key[0], **dict(zip(keys, key[1:])),
+               "seeds": len(rows)}
+        for column in values:
+            row[f"{column} mean"], row[f"{column} sd"] = rows[column].mean(), rows[column].std(ddof=1)
+        for column in [c for c in table.columns if c.startswith("sig@") or c == "significant"]:
+            row[column] = f"{int(rows[column].fillna(False).astype(bool).sum())}/{len(rows)}"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def marked(table: pd.DataFrame) -> pd.DataFrame:
+    """The comparison for reading: ΔBLEU@s% with * where significant at 0.05 (sig@ columns dropped, recipe and
+    seeds only when they tell something)."""
+    table = table.copy()
+    for column in [c for c in table.columns if c.startswith("sig@")]:
+        delta = "Δ" + column.replace("sig@", "BLEU@")
+        table[delta] = [("" if pd.isna(d) else f"{d:+.2f}" + ("*" if s is True else ""))
+                        for d, s in zip(table[delta], table[column])]
+        table = table.drop(columns=column)
+    drop = ["recipe"] + [c for c in ("train_seed", "seed") if c in table and table[c].nunique(dropna=True) <= 1]
+    return table.drop(columns=[c for c in drop if c in table])
 
 
 # --------------------------------------------------------------------------------------------- λ, MoA, runs
@@ -125,12 +283,24 @@ def _present(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return table[[c for c in columns if c in table and table[c].notna().any()]]
 
 
-def lambdas(collection: Collection) -> pd.DataFrame:
-    runs = collection.runs
+def lambdas(collection: Collection, tests: Optional[Translations] = None) -> pd.DataFrame:
+    """Voita runs, one row per λ (or head budget), against their λ = 0 control where it ran: ΔBLEU (control),
+    the pruning's own effect, and with `tests` its p-value; delta_bleu stays the change from the start, which at
+    λ = 0 is what the extra training alone did."""
+    runs = with_controls(collection.runs)
     if "method" not in runs:
         return pd.DataFrame()
-    voita = runs[(runs["verb"] == "prune") & (runs["method"] == "voita")]
-    return _present(voita.sort_values(["checkpoint", "types", "l0_lambda"], na_position="last"), LAMBDA_COLUMNS)
+    voita = runs[(runs["verb"] == "prune") & (runs["method"] == "voita")].copy()
+    voita["delta_bleu_control"] = voita["bleu"].astype(float) - voita["bleu_control"].astype(float)
+    if tests is not None and tests.resamples:
+        points = pruning_points(collection).set_index("run")
+        found = [tests.test(points.loc[run], points.loc[run]) if run in points.index and control not in (None, run)
+                 else None for run, control in zip(voita["run"], voita["control_run"])]
+        voita["p_vs_control"] = [t["p_value"] if t else float("nan") for t in found]
+        voita["significant_vs_control"] = [t["significant"] if t else None for t in found]
+    columns = LAMBDA_COLUMNS + ["control_run", "bleu_control", "delta_bleu_control", "p_vs_control",
+                                "significant_vs_control"]
+    return _present(voita.sort_values(["checkpoint", "types", "l0_lambda"], na_position="last"), columns)
 
 
 def moa(collection: Collection) -> pd.DataFrame:

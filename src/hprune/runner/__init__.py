@@ -14,8 +14,10 @@ import sys
 from typing import Callable
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from ..console import quiet_console
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_json
 
@@ -49,6 +51,7 @@ def hydra_app(config_name: str, writes_metrics: bool = True) -> Callable:
         @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=config_name)
         @functools.wraps(verb)
         def main(cfg: DictConfig):
+            quiet_console(bool(cfg.get("verbose")) or bool(HydraConfig.get().verbose))
             try:
                 check_missing(cfg)
                 result = verb(cfg)

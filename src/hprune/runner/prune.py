@@ -2,7 +2,8 @@
 
 Flow: score the heads (head_importance.csv) -> optional ablations on the unpruned model -> the pruning curve
 for the method's order and any baseline orders (curve.csv/.md; each point's translations in hypotheses/, its
-paired-bootstrap p-value against the unpruned model and, for a baseline, against the method's point) -> pick
+paired-bootstrap p-value against the unpruned model and, for a baseline, against the method's point; the
+references in references.txt) -> pick
 a mask (head_mask.json) -> optionally remove its heads physically (checkpoints/checkpoint_pruned.pt) and check
 it against the masked model.
 metrics.json is written last (by the verb wrapper): a run without it did not finish. Methods that train (Voita's
@@ -10,12 +11,14 @@ gates) run their own procedure under the same verb (hprune/methods/).
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable, List, Optional, Set
 
 import pandas as pd
 from omegaconf import DictConfig
 
+from .. import console, translations
 from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..errors import UserError
 from ..files import run_dir, write_atomic, write_json
@@ -37,7 +40,8 @@ from ..reporting.significance import paired_bootstrap
 from ..reporting.tables import markdown
 from . import hydra_app
 
-ABLATIONS = ("single", "one_head")
+log = logging.getLogger(__name__)
+ABLATIONS = ("single", "one_head", "types")
 
 
 def check_settings(p: DictConfig, orders: List[str]) -> List[float]:
@@ -72,8 +76,8 @@ def head_scores(session, method: str, mask: Optional[Mask] = None) -> pd.DataFra
 
 
 def ablations(session, pool: Set[Head], importance: pd.DataFrame, unpruned: dict, out: Path) -> None:
-    """Michel et al.'s two ablations on the unpruned model: every head removed alone; every layer reduced to
-    its most important head."""
+    """Ablations on the unpruned model: Michel et al.'s two (every head removed alone; every layer reduced to its
+    most important head) and every head of one attention type removed at once (which type is most sensitive)."""
     p, model = session.cfg.prune, session.model
 
     def row(mask: Mask, **where) -> dict:
@@ -96,6 +100,10 @@ def ablations(session, pool: Set[Head], importance: pd.DataFrame, unpruned: dict
                 rows.append(row(mask_without(model, others), type=kind, layer=int(layer), kept_head=top,
                                 heads_removed=len(others)))
         write_atomic(out / "ablation_one_head.csv", pd.DataFrame(rows).to_csv(index=False))
+    if "types" in p.ablations:
+        rows = [row(mask_without(model, {h for h in pool if h[0] == kind}), type=kind,
+                    heads_removed=sum(h[0] == kind for h in pool)) for kind in ATTENTION_TYPES if kind in p.types]
+        write_atomic(out / "ablation_types.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
 def compared(result: dict, unpruned: dict, method_result: Optional[dict], cfg: DictConfig) -> dict:
@@ -127,26 +135,29 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
     table = head_scores(session, method)
     pruned: Set[Head] = set()
     rows, chosen = [], None
-    for step, pct in enumerate(steps):
-        n = heads_to_prune(len(pool), pct)
-        if p.reestimate and pruned:
-            table = head_scores(session, method, mask_without(session.model, pruned))
-        pruned = extend_pruned(table, pruned, n, pool, p.min_heads_per_layer)
-        mask = mask_without(session.model, pruned)
-        if p.finetune.updates and n:
-            session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
-        result = unpruned if n == 0 else session.evaluate(mask, p.importance.max_tokens)
-        row = {"order": method, "step": step, "pct_target": pct, "heads_pruned": n,
-               "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask), "bleu": result["bleu"],
-               "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "chrf": result["chrf"],
-               "valid_loss": result["valid_loss"], **(compared(result, unpruned, against.get(step), session.cfg)
-                                                 if n and session.cfg.significance.resamples else {})}
-        write_atomic(run_dir() / "hypotheses" / f"{method}.{step}.txt", "".join(h + "\n" for h in result["hypotheses"]))
-        rows.append(row)
-        results[step] = result
-        on_row(rows)
-        if candidate(row):
-            chosen = (row, result, mask, session.state() if p.finetune.updates else None)
+    log.info("curve: the %s order, %d steps", method, len(steps))
+    with console.progress(f"curve {method}", len(steps), "step") as bar:
+        for step, pct in enumerate(steps):
+            n = heads_to_prune(len(pool), pct)
+            if p.reestimate and pruned:
+                table = head_scores(session, method, mask_without(session.model, pruned))
+            pruned = extend_pruned(table, pruned, n, pool, p.min_heads_per_layer)
+            mask = mask_without(session.model, pruned)
+            if p.finetune.updates and n:
+                session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
+            result = unpruned if n == 0 else session.evaluate(mask, p.importance.max_tokens)
+            row = {"order": method, "step": step, "pct_target": pct, "heads_pruned": n,
+                   "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask), "bleu": result["bleu"],
+                   "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "chrf": result["chrf"],
+                   "valid_loss": result["valid_loss"], **(compared(result, unpruned, against.get(step), session.cfg)
+                                                     if n and session.cfg.significance.resamples else {})}
+            translations.save(run_dir(), f"{method}.{step}", result)
+            rows.append(row)
+            results[step] = result
+            on_row(rows)
+            if candidate(row):
+                chosen = (row, result, mask, session.state() if p.finetune.updates else None)
+            bar.advance(1, pruned=f"{row['pct_pruned']:g}%", bleu=f"{row['bleu']:.1f}")
     return rows, chosen, results
 
 
@@ -177,6 +188,7 @@ def prune(cfg: DictConfig) -> dict:
                         "prune.target_pct or that minimum")
     out = run_dir()
 
+    log.info("scoring %d heads of %s (%s)", len(pool), ", ".join(p.types), p.method)
     importance = ranked(head_scores(session, p.method))
     importance.insert(3, "id", [michel_id(h) for h in importance[["type", "layer", "head"]].itertuples(index=False, name=None)])
     write_atomic(out / "head_importance.csv", importance.sort_values(["type", "layer", "head"]).to_csv(index=False))

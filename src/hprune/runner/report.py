@@ -3,7 +3,10 @@
 Collects every finished run (reporting/collect.py), then writes into the run dir the method comparison at
 matched sparsity, the λ table of gated runs, the MoA table, the runs table (each as CSV, Markdown, LaTeX),
 the plots (BLEU vs % pruned per model, BLEU and heads kept vs λ, head heatmaps of importance, gates and masks,
-expert load), report.md holding all of it, and incomplete.txt listing runs without results.
+expert load), report.md and report.html (one self-contained page) holding all of it, and incomplete.txt
+listing runs without results. Pruned points are tested against their reference and against each other with
+sacreBLEU's paired bootstrap where their translations were saved; runs that differ by seed only are
+aggregated to mean and standard deviation.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..files import run_dir, write_atomic
-from ..reporting import plots, tables
+from ..reporting import pages, plots, tables
 from ..reporting.collect import Collection, collect
 from . import hydra_app
 
@@ -34,6 +37,8 @@ def _model_label(checkpoint: str) -> str:
 
 
 class Report:
+    """The report's sections, in order: tables, figures and lists, written as report.md and report.html."""
+
     def __init__(self, cfg: DictConfig, out: Path):
         self.cfg, self.out, self.sections = cfg, out, []
         for fmt in cfg.formats:
@@ -42,38 +47,65 @@ class Report:
         self.plot_dir = out / "plots"
         self.plot_dir.mkdir(parents=True, exist_ok=True)
 
-    def table(self, name: str, title: str, table: pd.DataFrame) -> None:
+    def table(self, name: str, title: str, table: pd.DataFrame, shown: pd.DataFrame | None = None) -> None:
+        """table as CSV; `shown` (default: table), the version for reading, as Markdown, LaTeX and in the report."""
         if table.empty:
             return
+        shown = table if shown is None else shown
         for fmt in self.cfg.formats:
-            write_atomic(self.out / f"{name}.{fmt}", TABLE_WRITERS[fmt](table))
-        self.sections.append(f"## {title}\n\n{tables.markdown(table)}")
+            write_atomic(self.out / f"{name}.{fmt}", TABLE_WRITERS[fmt](table if fmt == "csv" else shown))
+        self.sections.append(pages.Table(title, shown))
 
     def figure(self, stem: str, title: str, draw) -> None:
         paths = [self.plot_dir / f"{stem}.{fmt}" for fmt in self.cfg.plot_formats]
         draw(paths)
-        self.sections.append(f"![{title}](plots/{paths[0].name})\n")
+        self.sections.append(pages.Figure(title, next((p for p in paths if p.suffix in (".png", ".svg")), paths[0])))
+
+    def items(self, title: str, lines: list[str]) -> None:
+        self.sections.append(pages.Items(title, lines))
+
+    def write(self, heading: str) -> None:
+        write_atomic(self.out / "report.md", pages.markdown_page(heading, self.sections, self.out))
+        write_atomic(self.out / "report.html", pages.html_page(heading, self.sections))
 
 
 def _comparison_plots(report: Report, collection: Collection, group_by: list[str]) -> None:
+    """BLEU vs % pruned per model and pool against each method's reference; per recipe over seeds too."""
     points = tables.pruning_points(collection)
     if points.empty:
         return
     for key, group in points.groupby(tables.GROUP + group_by, dropna=False, sort=False):
         label = " ".join([_model_label(key[0]), f"({key[1]})", *map(str, key[2:])])
-        unpruned = group["bleu_unpruned"].dropna()
-        report.figure(f"bleu_vs_pruned_{_slug(label)}", f"BLEU vs heads pruned, {label}",
-                      lambda paths: plots.bleu_curve(group, float(unpruned.iloc[0]) if len(unpruned) else float("nan"),
-                                                     paths, f"BLEU vs heads pruned: {label}", by="method"))
+        _curve_figure(report, group, f"bleu_vs_pruned_{_slug(label)}", label)
+    seeded = points.dropna(subset=["recipe"])
+    for key, group in seeded.groupby(["recipe", "types", *group_by], dropna=False, sort=False):
+        if group["checkpoint"].nunique() > 1 or group["seed"].nunique() > 1:
+            label = " ".join([_model_label(group["checkpoint"].iloc[0]), f"({key[1]})", *map(str, key[2:]),
+                              f"over {max(group['checkpoint'].nunique(), group['seed'].nunique())} seeds"])
+            _curve_figure(report, group, f"bleu_vs_pruned_{_slug(label)}", label)
+
+
+def _curve_figure(report: Report, group: pd.DataFrame, stem: str, label: str) -> None:
+    unpruned = group[group["reference"] == "unpruned"]["bleu_reference"].dropna()
+    report.figure(stem, f"BLEU vs heads pruned, {label}",
+                  lambda paths: plots.bleu_curve(group, float(unpruned.mean()) if len(unpruned) else float("nan"),
+                                                 paths, f"BLEU vs heads pruned: {label}", by="method",
+                                                 baseline_label="unpruned" + (" (mean)" if unpruned.nunique() > 1 else "")))
 
 
 def _lambda_plots(report: Report, lambdas: pd.DataFrame) -> None:
     if lambdas.empty or "l0_lambda" not in lambdas or lambdas["l0_lambda"].isna().all():
         return
     for types, group in lambdas.dropna(subset=["l0_lambda"]).groupby("types", sort=False):
+        references = {}
+        if "bleu_control" in group and group["bleu_control"].notna().any():
+            references["λ = 0 control"] = float(group["bleu_control"].astype(float).mean())
+        start = group["bleu"] - group["delta_bleu"] if "delta_bleu" in group else pd.Series(dtype=float)
+        if start.notna().any():
+            references["start (before the extra training)"] = float(start.mean())
         report.figure(f"lambda_{_slug(types)}", f"BLEU and heads kept vs λ ({types})",
                       lambda paths: plots.bleu_and_heads(group.astype({"l0_lambda": float}), "l0_lambda", paths,
-                                                         f"Voita gates on {types}: BLEU and heads kept vs λ"))
+                                                         f"Voita gates on {types}: BLEU and heads kept vs λ", references))
 
 
 def _mask_table(mask_file: Path) -> pd.DataFrame:
@@ -106,14 +138,34 @@ def report_runs(cfg: DictConfig) -> dict:
     runs = tables.runs_table(collection, columns, group_by)  # checks the columns first
     out = run_dir()
     report = Report(cfg, out)
-    comparison = tables.comparison(collection, list(cfg.sparsity), group_by)
+    sig = cfg.significance
+    tests = tables.Translations(sig.resamples, sig.seed)
+    sparsity = list(cfg.sparsity)
+    comparison = tables.comparison(collection, sparsity, group_by, tests)
     if not comparison.empty:
         comparison.insert(0, "model", comparison.pop("checkpoint").map(_model_label))
-    report.table("comparison", f"Pruning methods at matched sparsity ({', '.join(f'{s:g}' for s in cfg.sparsity)} "
-                 "% of the pooled heads; BLEU interpolated between measured points, blank outside them)", comparison)
+    testing = (f"; * : p < 0.05 against the reference, paired bootstrap over the test sentences (sacreBLEU, "
+               f"{sig.resamples} resamples, seed {sig.seed}), where a point was measured at that sparsity"
+               if sig.resamples else "")
+    report.table("comparison", f"Pruning methods at matched sparsity ({', '.join(f'{s:g}' for s in sparsity)} % of "
+                 "the pooled heads; BLEU interpolated between measured points, blank outside them; ΔBLEU against the "
+                 f"reference: the unpruned model, or a trained method's λ = 0 control{testing})",
+                 comparison, tables.marked(comparison) if not comparison.empty else None)
+    pairs = tables.pairwise(collection, sparsity, group_by, tests)
+    if not pairs.empty:
+        pairs.insert(0, "model", pairs.pop("checkpoint").map(_model_label))
+    report.table("pairwise", "Methods against each other at matched sparsity (difference: versus minus method; "
+                 f"paired bootstrap, {sig.resamples} resamples, seed {sig.seed})", pairs,
+                 pairs.drop(columns=["recipe"]) if not pairs.empty else None)
+    seeds = tables.over_seeds(comparison, ["types", *group_by, "method"])
+    report.table("comparison_seeds", "The comparison over seeds: mean and standard deviation; sig@: the seeds whose "
+                 "difference from the reference is significant", seeds)
+    report.table("pairwise_seeds", "Methods against each other over seeds",
+                 tables.over_seeds(pairs, ["types", *group_by, "sparsity", "method", "versus"]))
     _comparison_plots(report, collection, group_by)
-    lambdas = tables.lambdas(collection)
-    report.table("lambda", "Voita et al. gates: one row per λ", lambdas)
+    lambdas = tables.lambdas(collection, tests)
+    report.table("lambda", "Voita et al. gates: one row per λ; delta_bleu_control: against the λ = 0 control "
+                 "(the same extra training without the penalty), delta_bleu: against the start", lambdas)
     _lambda_plots(report, lambdas)
     report.table("moa", "Mixture of attention heads: experts, cost and BLEU", tables.moa(collection))
     report.table("runs", "Runs", runs)
@@ -121,8 +173,8 @@ def report_runs(cfg: DictConfig) -> dict:
     incomplete = "".join(f"{run}: {why}\n" for run, why in collection.incomplete)
     write_atomic(out / "incomplete.txt", incomplete)
     if incomplete:
-        report.sections.append("## Incomplete runs (no results)\n\n" + "".join(f"- {line}\n" for line in incomplete.splitlines()))
-    write_atomic(out / "report.md", f"# hprune report: {', '.join(map(str, roots))}\n\n" + "\n".join(report.sections))
+        report.items("Incomplete runs (no results)", incomplete.splitlines())
+    report.write(f"hprune report: {', '.join(map(str, roots))}")
     print(tables.markdown(comparison) if not comparison.empty else tables.markdown(runs), end="")
     if collection.incomplete:
         print(f"incomplete runs ({len(collection.incomplete)}): " +
