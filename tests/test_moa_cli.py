@@ -3,6 +3,7 @@ export, and the answers to bad MoA settings."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -116,3 +117,25 @@ def test_moa_tiny_within_two_bleu_of_the_dense_tiny_model(tmp_path):
     dense, moa = results["transformer_tiny"], results["moa_tiny"]
     assert moa["attention_macs_per_token"] == pytest.approx(dense["attention_macs_per_token"], rel=0.05)
     assert moa["bleu"] >= dense["bleu"] - 2, (moa["bleu"], dense["bleu"])
+
+
+def test_lrp_through_moa_layers_conserves_relevance_and_ranks_experts(moa_run, evaluated_run, tmp_path):
+    """LRP through MoA layers (router weights held constant): relevance conserved at every block, every expert
+    that tokens were routed to gets some; `--method lrp` ranks the 72 experts."""
+    import torch
+
+    from hprune import backend
+    from hprune.analysis import relevance
+
+    loaded = backend.load_model(moa_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+    loaded.model.eval()
+    src, prev = next(relevance.sentences(backend.batches(loaded, "valid", 500, 1), loaded.task.target_dictionary.pad()))
+    trace = relevance.propagate(loaded.model, src, prev)
+    for name, total in trace.totals:
+        torch.testing.assert_close(total, torch.ones_like(total), atol=1e-3, rtol=0, msg=name)
+    assert all(units.shape[1] == 8 for units in trace.heads.values())
+    out = tmp_path / "lrp"
+    hprune("prune", "--method", "lrp", f"ckpt={moa_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.step_pct=50", "prune.importance.max_batches=1")
+    importance = pd.read_csv(out / "head_importance.csv")
+    assert len(importance) == 72 and (importance["importance"] > 0).sum() > 36

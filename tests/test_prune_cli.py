@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import SMALL_DATA, hprune
 from test_cli import assert_one_line_error
@@ -105,6 +106,32 @@ def test_target_percentage_and_reestimation(trained_run, tmp_path):
     assert metrics["pct_pruned"] == 25 and metrics["kept_dec_enc"] == 12
     mask = json.loads((out / "head_mask.json").read_text())
     assert all(sum(row) >= 1 for kind in ("enc-self", "dec-self") for row in mask[kind])
+
+
+def test_finetuned_curve_is_measured_against_its_finetuning_control(trained_run, evaluated_run, tmp_path):
+    """With fine-tuning between steps, every pruned point has a control: the unpruned model fine-tuned the same
+    way (same updates, learning rate, batch order). It is the same for every order, and it is exactly what
+    fine-tuning the unpruned checkpoint by hand gives."""
+    from hprune import backend
+    from hprune.session import score
+
+    out = tmp_path / "run"
+    hprune("prune", "--method=michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.step_pct=50", "prune.baselines=[random]", "prune.finetune.updates=3", "prune.finetune.lr=1e-3",
+           "significance.resamples=100")
+    curve = pd.read_csv(out / "curve.csv").set_index(["order", "step"])
+    assert curve["bleu_control"].isna().tolist() == [True, False, True, False]  # step 0 is not fine-tuned
+    assert curve.loc[("michel", 1), "bleu_control"] == curve.loc[("random", 1), "bleu_control"]
+    row = curve.loc[("michel", 1)]
+    assert row["delta_bleu_control"] == pytest.approx(row["bleu"] - row["bleu_control"], abs=1e-3)
+    assert 0 <= row["p_vs_control"] <= 1
+    loaded = backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+    backend.finetune(loaded, backend.build_criterion(loaded), updates=3, lr=1e-3, max_tokens=4096, seed=1 + 1)
+    generation = OmegaConf.load(out / ".hydra" / "config.yaml").generation
+    hypotheses = backend.translate(loaded, generation, "test", 1, "subword_nmt").hypotheses
+    assert (out / "hypotheses" / "control.1.txt").read_text().splitlines() == hypotheses
+    references = (out / "references.txt").read_text().splitlines()
+    assert score(hypotheses, references)["bleu"] == row["bleu_control"]
 
 
 def run_error(trained_run, tmp_path, *extra, ckpt=None):

@@ -1,10 +1,12 @@
-"""The orders that rank heads from scores (the math is in pruning/scores.py): Michel et al.'s gradient
-importance and the baselines it is compared with."""
+"""The orders that rank heads from scores (the math is in pruning/scores.py and analysis/relevance.py):
+Michel et al.'s gradient importance, Voita et al.'s LRP relevance, and the baselines they are compared with."""
 from __future__ import annotations
 
 import pandas as pd
 from omegaconf import DictConfig
 
+from ..analysis import relevance
+from ..errors import UserError
 from ..pruning import scores
 from . import register_method
 
@@ -18,6 +20,17 @@ def _batches(session, p: DictConfig):
 def michel(session, p: DictConfig) -> pd.DataFrame:
     """Michel et al. 2019: E_t |∂L/∂ξ_h|, the loss's sensitivity to each head's gate, on importance.split."""
     table, _ = scores.michel(session.model, session.criterion, _batches(session, p), session.pad)
+    return scores.normalize_by_layer(table) if p.importance.normalize_by_layer else table
+
+
+@register_method("lrp")
+def lrp(session, p: DictConfig) -> pd.DataFrame:
+    """Voita et al. 2019 §4: a head's share of the top-1 logits' relevance (layer-wise relevance propagation), on
+    importance.split."""
+    try:
+        table, _ = relevance.head_relevance(session.model, _batches(session, p), session.pad)
+    except relevance.UnsupportedModel as err:
+        raise UserError(f"--method lrp: {err}") from None
     return scores.normalize_by_layer(table) if p.importance.normalize_by_layer else table
 
 

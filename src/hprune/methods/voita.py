@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..files import write_atomic, write_json
 from ..pruning.heads import kept_columns, mask_without, present_heads
 from ..reporting import plots
+from ..reporting.significance import paired_bootstrap
 from . import register_method
 
 ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
@@ -94,9 +95,12 @@ def gated_training_argv(cfg: DictConfig, start, save: Path) -> list:
     return start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(p.optim))
 
 
-def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
+def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned: dict) -> dict:
     """Voita et al.'s control: the surviving head configuration trained from scratch, with the checkpoint's own
-    training settings (model, optim, seed) on this run's data; its BLEU on the same split."""
+    training settings (model, optim, seed) on this run's data; its BLEU on the same split. Its own reference is
+    the start model: the full head configuration trained from scratch by the same recipe (`unpruned`, its
+    evaluation), so delta_bleu_scratch is what the head configuration alone costs, with its paired bootstrap
+    p-value when significance.resamples is set."""
     cfg = start.cfg
     control = OmegaConf.create({
         "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
@@ -109,9 +113,16 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path) -> dict:
     trained = start.reopen(save / "checkpoint_best.pt")
     result = trained.evaluate(None, cfg.prune.optim.max_tokens)
     translations.save(out, "scratch", result)
-    return {"bleu_scratch": result["bleu"], "valid_loss_scratch": result["valid_loss"],
-            "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
-            "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
+    metrics = {"bleu_scratch": result["bleu"], "delta_bleu_scratch": round(result["bleu"] - unpruned["bleu"], 4),
+               "valid_loss_scratch": result["valid_loss"],
+               "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
+               "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
+    sig = cfg.significance
+    if sig.resamples:
+        test = paired_bootstrap(unpruned["hypotheses"], result["hypotheses"], result["references"], sig.resamples,
+                                sig.seed)
+        metrics.update(p_scratch_vs_start=round(test["p_value"], 4), significant_scratch_vs_start=test["significant"])
+    return metrics
 
 
 @register_method("voita", trains=True, check=check_settings)
@@ -174,7 +185,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
         metrics.update(gated.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", final, max_tokens,
                                     config_from=start.checkpoint))
     if p.from_scratch:
-        metrics.update(from_scratch(start, recipe, out / "head_mask.json", out))
+        metrics.update(from_scratch(start, recipe, out / "head_mask.json", out, unpruned))
     print(summary(metrics))
     return metrics
 
@@ -191,5 +202,6 @@ def summary(m: dict) -> str:
         lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "
                      f"BLEU {m['export_bleu']:.2f}, max |diff| {m['export_max_abs_diff']:.1e})")
     if "bleu_scratch" in m:
-        lines.append(f"the same heads trained from scratch ({m['scratch_updates']} updates): BLEU {m['bleu_scratch']:.2f}")
+        lines.append(f"the same heads trained from scratch ({m['scratch_updates']} updates): BLEU {m['bleu_scratch']:.2f} "
+                     f"({m['delta_bleu_scratch']:+.2f} vs the start, its control: all heads, the same recipe)")
     return "\n".join(lines)

@@ -100,13 +100,15 @@ def pruning_points(collection: Collection) -> pd.DataFrame:
     runs = with_controls(collection.runs)
     parts = []
     if not collection.curves.empty:
-        curves = collection.curves.reindex(columns=POINT_COLUMNS + ["path", "step"])
-        steps = curves["step"]
+        curves = collection.curves.reindex(columns=POINT_COLUMNS + ["path", "step", "bleu_control"])
+        steps, controlled = curves["step"], curves["bleu_control"].notna()  # fine-tuned curves: their control
         curves["hyp"] = [f"{m}.{int(s)}" if pd.notna(s) else None for m, s in zip(curves["method"], steps)]
-        curves["reference_hyp"] = [f"{m}.0" if pd.notna(s) else None for m, s in zip(curves["method"], steps)]
+        curves["reference_hyp"] = [(f"control.{int(s)}" if c else f"{m}.0") if pd.notna(s) else None
+                                   for m, s, c in zip(curves["method"], steps, controlled)]
         curves["reference_path"] = curves["path"]
-        curves["reference"], curves["bleu_reference"] = "unpruned", curves["bleu_unpruned"]
-        parts.append(curves.drop(columns=["step"]))
+        curves["reference"] = ["fine-tuning control" if c else "unpruned" for c in controlled]
+        curves["bleu_reference"] = curves["bleu_control"].where(controlled, curves["bleu_unpruned"])
+        parts.append(curves.drop(columns=["step", "bleu_control"]))
     curve_runs = set(collection.curves["run"]) if not collection.curves.empty else set()
     if "method" in runs:
         single = runs[(runs["verb"] == "prune") & ~runs["run"].isin(curve_runs)]
@@ -195,13 +197,15 @@ def comparison(collection: Collection, sparsity: list[float], group_by: list[str
     rows = []
     for key, group in points.groupby(GROUP + group_by, dropna=False, sort=False):
         for method, method_points in group.groupby("method", sort=False):
-            reference = method_points["reference"].iloc[0]
-            bleu_reference = method_points["bleu_reference"].dropna()
+            pruned = method_points[method_points["pct_pruned"] > 0]  # step 0 is its own reference
+            reference = (pruned if len(pruned) else method_points)["reference"].iloc[0]
+            bleu_reference = (pruned if len(pruned) else method_points)["bleu_reference"].dropna().unique()
             row = dict(zip(GROUP + group_by, key))
             row.update({"method": method, "recipe": method_points["recipe"].iloc[0],
                         "train_seed": method_points["train_seed"].iloc[0], "seed": method_points["seed"].iloc[0],
                         "points": len(method_points), "reference": reference,
-                        "reference_bleu": float(bleu_reference.iloc[0]) if len(bleu_reference) else float("nan")})
+                        # one number where the reference is one model; blank where it is one per point
+                        "reference_bleu": float(bleu_reference[0]) if len(bleu_reference) == 1 else float("nan")})
             bleus, deltas = interpolate(method_points, sparsity), interpolate(method_points, sparsity, "delta")
             for target, bleu, delta in zip(sparsity, bleus, deltas):
                 row[f"BLEU@{target:g}%"], row[f"ΔBLEU@{target:g}%"] = bleu, delta
@@ -274,7 +278,8 @@ def marked(table: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------------- λ, MoA, runs
 LAMBDA_COLUMNS = ["run", "types", "l0_lambda", "head_budget", "kept_heads", "alive_heads", "heads_pool",
-                  "pct_pruned", "bleu", "delta_bleu", "bleu_finetuned", "bleu_scratch"]
+                  "pct_pruned", "bleu", "delta_bleu", "bleu_finetuned", "bleu_scratch", "delta_bleu_scratch",
+                  "p_scratch_vs_start"]
 MOA_COLUMNS = ["run", "moa_experts", "moa_top_k", "moa_head_dim", "n_params", "macs_per_token",
                "attention_macs_per_token", "bleu", "expert_load_cv", "router_entropy"]
 

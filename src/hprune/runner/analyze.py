@@ -1,7 +1,8 @@
 """`hprune analyze ckpt=PATH`: head roles (Voita et al. 2019) on a split, with the gold dependency arcs.
 
 Encoder self-attention heads get positional, syntactic and rare-token measures (analysis/roles.py); every head
-gets its confidence (pruning/scores.py). With `mask=head_mask.json`, the summary says which roles survived.
+gets its confidence (pruning/scores.py) and, with lrp=true, its LRP relevance (analysis/relevance.py), with the
+rank correlation of the two. With `mask=head_mask.json`, the summary says which roles survived.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
+from ..analysis import relevance
 from ..analysis.roles import RoleStats
 from ..errors import UserError
 from ..files import run_dir, write_atomic
@@ -31,6 +33,11 @@ def read_arcs(path: Path) -> list:
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise UserError(f"{path} is not an arcs file ({err}); each line must be {{\"arcs\": [[relation, head, "
                         "dependent], ...]}}") from None
+
+
+def rank_correlation(a: pd.Series, b: pd.Series) -> float:
+    """Spearman's ρ: Pearson's correlation of the ranks (ties get their mean rank)."""
+    return float(a.rank().corr(b.rank()))
 
 
 def analyze(cfg: DictConfig) -> dict:
@@ -75,16 +82,23 @@ def analyze(cfg: DictConfig) -> dict:
         roles["syntactic"] = None  # not measured: empty in head_roles.csv, not "no"
     confidence = scores.confidence(model, session.batches(cfg.split, cfg.max_tokens), pad, eos)
     roles = confidence.rename(columns={"importance": "confidence"}).merge(roles, on=["type", "layer", "head"], how="left")
+    if cfg.lrp:  # Voita et al. compare the two measures: their rank correlation goes to metrics.json
+        try:
+            relevant, _ = relevance.head_relevance(model, session.batches(cfg.split, cfg.max_tokens), pad)
+        except relevance.UnsupportedModel as err:
+            raise UserError(f"lrp: {err}; or set lrp=false") from None
+        roles = roles.merge(relevant.rename(columns={"importance": "lrp"}), on=["type", "layer", "head"], how="left")
     if mask is not None:
         roles["alive"] = [mask[t][layer][h] for t, layer, h in roles[["type", "layer", "head"]].itertuples(index=False)]
-    front = ["type", "layer", "head", "confidence", *ROLES]
+    front = ["type", "layer", "head", "confidence", *(["lrp"] if cfg.lrp else []), *ROLES]
     roles = roles[front + [c for c in roles.columns if c not in front]]
 
     out = run_dir()
     write_atomic(out / "head_roles.csv", roles.to_csv(index=False))
     enc = roles[roles["type"] == "enc-self"]
-    for measure in ("confidence", "positional_prev", "positional_next", "rare_token"):
-        plots.head_heatmaps(roles if measure == "confidence" else enc, measure, out / f"roles_{measure}.png", measure)
+    for measure in ("confidence", *(["lrp"] if cfg.lrp else []), "positional_prev", "positional_next", "rare_token"):
+        plots.head_heatmaps(roles if measure in ("confidence", "lrp") else enc, measure, out / f"roles_{measure}.png",
+                            measure)
     measured = [role for role in ROLES if role != "syntactic" or arcs is not None]
     metrics = {"split": cfg.split, "arcs": str(arcs_path) if arcs is not None else None,
                "sentences_without_arcs": skipped_arcs if arcs is not None else None, "rare_min_share": cfg.rare_min_share,
@@ -92,6 +106,12 @@ def analyze(cfg: DictConfig) -> dict:
                **session.provenance()}
     lines = [f"{len(enc)} encoder self-attention heads on {cfg.split}: "
              + ", ".join(f"{metrics[f'{role}_heads']} {role}" for role in measured)]
+    if cfg.lrp:
+        for name, rows in (("all", roles), ("enc_self", enc)):
+            metrics[f"lrp_confidence_spearman_{name}"] = round(rank_correlation(rows["confidence"], rows["lrp"]), 4)
+        lines.append(f"LRP relevance vs confidence, Spearman's rank correlation: "
+                     f"{metrics['lrp_confidence_spearman_all']:+.2f} over all {len(roles)} heads, "
+                     f"{metrics['lrp_confidence_spearman_enc_self']:+.2f} over the encoder self-attention heads")
     if arcs is None:
         lines.append(f"syntactic: not measured, {cfg.split} has no dependency arcs (arcs=<jsonl> adds them)")
     if mask is not None:

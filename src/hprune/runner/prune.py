@@ -106,27 +106,50 @@ def ablations(session, pool: Set[Head], importance: pd.DataFrame, unpruned: dict
         write_atomic(out / "ablation_types.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
-def compared(result: dict, unpruned: dict, method_result: Optional[dict], cfg: DictConfig) -> dict:
-    """Paired bootstrap (sacreBLEU's) of a curve point against the unpruned model and, for a baseline order,
-    against the method's own point at the same step: p-values, the point's 95 % interval, significance at 0.05."""
+def compared(result: dict, unpruned: dict, method_result: Optional[dict], control: Optional[dict],
+             cfg: DictConfig) -> dict:
+    """Paired bootstrap (sacreBLEU's) of a curve point against the unpruned model, against its fine-tuning control
+    (when the curve fine-tunes) and, for a baseline order, against the method's own point at the same step:
+    p-values, the point's 95 % interval, significance at 0.05."""
     sig = cfg.significance
     test = paired_bootstrap(unpruned["hypotheses"], result["hypotheses"], result["references"], sig.resamples, sig.seed)
     row = {"bleu_ci95": round(test["bleu_ci95"], 4), "p_vs_unpruned": round(test["p_value"], 4),
            "significant_vs_unpruned": test["significant"]}
-    if method_result is not None:
-        versus = paired_bootstrap(method_result["hypotheses"], result["hypotheses"], result["references"],
-                                  sig.resamples, sig.seed)
-        row.update({"p_vs_method": round(versus["p_value"], 4), "significant_vs_method": versus["significant"]})
+    for name, other in (("control", control), ("method", method_result)):
+        if other is not None:
+            versus = paired_bootstrap(other["hypotheses"], result["hypotheses"], result["references"],
+                                      sig.resamples, sig.seed)
+            row.update({f"p_vs_{name}": round(versus["p_value"], 4), f"significant_vs_{name}": versus["significant"]})
     return row
+
+
+def finetuning_control(session, pool: Set[Head], steps: List[float], initial_state: dict) -> dict:
+    """The control of a fine-tuned curve: the unpruned model fine-tuned exactly as the pruned one is at each step
+    (the same updates, learning rate and batch order, cumulatively), nothing pruned. {step: its evaluation} for
+    the steps that fine-tune; translations saved as `control.<step>`."""
+    p = session.cfg.prune
+    session.load_state(initial_state)
+    controls = {}
+    log.info("fine-tuning control: %d updates per step, nothing pruned", p.finetune.updates)
+    with console.progress("fine-tuning control", len(steps), "step") as bar:
+        for step, pct in enumerate(steps):
+            if heads_to_prune(len(pool), pct):
+                session.finetune(None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
+                controls[step] = session.evaluate(None, p.importance.max_tokens)
+                translations.save(run_dir(), f"control.{step}", controls[step])
+            bar.advance(1)
+    session.load_state(initial_state)
+    return controls
 
 
 def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: dict, initial_state: Optional[dict],
           on_row: Callable[[list], None], candidate: Callable[[dict], bool],
-          against: Optional[dict] = None) -> tuple[list, Optional[tuple], dict]:
+          against: Optional[dict] = None, controls: Optional[dict] = None) -> tuple[list, Optional[tuple], dict]:
     """Prune cumulatively in the method's order. Returns the rows, the last step that is a `candidate` for
     head_mask.json, as (row, its evaluation, mask, weights after fine-tuning or None), and each step's
-    evaluation; `against`: the method's evaluations by step, which a baseline order is tested against."""
-    against = against or {}
+    evaluation; `against`: the method's evaluations by step, which a baseline order is tested against;
+    `controls`: the fine-tuning control's evaluations by step (finetuning_control)."""
+    against, controls = against or {}, controls or {}
     results = {}
     p = session.cfg.prune
     if initial_state is not None:  # fine-tuning changed the weights: every order starts from the checkpoint
@@ -146,11 +169,15 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
             if p.finetune.updates and n:
                 session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
             result = unpruned if n == 0 else session.evaluate(mask, p.importance.max_tokens)
+            control = controls.get(step)
             row = {"order": method, "step": step, "pct_target": pct, "heads_pruned": n,
                    "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask), "bleu": result["bleu"],
                    "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "chrf": result["chrf"],
-                   "valid_loss": result["valid_loss"], **(compared(result, unpruned, against.get(step), session.cfg)
-                                                     if n and session.cfg.significance.resamples else {})}
+                   "valid_loss": result["valid_loss"]}
+            if control is not None:
+                row.update(bleu_control=control["bleu"], delta_bleu_control=round(result["bleu"] - control["bleu"], 4))
+            if n and session.cfg.significance.resamples:
+                row.update(compared(result, unpruned, against.get(step), control, session.cfg))
             translations.save(run_dir(), f"{method}.{step}", result)
             rows.append(row)
             results[step] = result
@@ -215,9 +242,10 @@ def prune(cfg: DictConfig) -> dict:
         return row["delta_bleu"] >= -p.max_bleu_drop
 
     method_results: dict = {}
+    controls = finetuning_control(session, pool, steps, initial_state) if p.finetune.updates else {}
     for order in dict.fromkeys([p.method, *p.baselines]):  # the method first, each order once
         rows, last_candidate, results = curve(session, pool, order, steps, unpruned, initial_state, write_curve,
-                                              candidate, None if order == p.method else method_results)
+                                              candidate, None if order == p.method else method_results, controls)
         all_rows += rows
         if order == p.method:
             chosen, chosen_result, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
