@@ -84,7 +84,8 @@ def test_every_prune_config_names_a_registered_method_and_back():
     configs = {path.stem: OmegaConf.load(path).method for path in (CONFIG_DIR / "prune").glob("*.yaml")}
     assert all(stem == method for stem, method in configs.items()), configs
     assert sorted(configs) == sorted(method_names())
-    assert method_names(trains=True) == ["voita"] and "voita" not in method_names(trains=False)
+    assert set(method_names(procedure=True)) == {"voita", "dsp", "fisher"}
+    assert {"michel", "lrp", "confidence", "magnitude", "random"} == set(method_names(procedure=False))
     assert get_method("confidence").needs_head_maps and not get_method("michel").needs_head_maps
     with pytest.raises(UserError, match="unknown pruning method 'taylor'; choose from"):
         get_method("taylor")

@@ -139,3 +139,20 @@ def test_lrp_through_moa_layers_conserves_relevance_and_ranks_experts(moa_run, e
            "prune.step_pct=50", "prune.importance.max_batches=1")
     importance = pd.read_csv(out / "head_importance.csv")
     assert len(importance) == 72 and (importance["importance"] > 0).sum() > 36
+
+
+def test_fisher_and_dsp_on_experts(moa_run, tmp_path):
+    """Experts are heads to both: Kwon et al.'s search meets its budget in MACs counted on the exported MoA model
+    (a pruned expert saves only once fewer than k remain), and DSP keeps exactly K experts."""
+    out = tmp_path / "fisher"
+    hprune("prune", "--method", "fisher", f"ckpt={moa_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.calibration.sentences=128", "prune.macs_budget=0.7")
+    fisher = json.loads((out / "metrics.json").read_text())
+    counted = fisher["attention_macs_per_token_pruned"] / fisher["attention_macs_per_token_unpruned"]
+    assert counted == pytest.approx(fisher["attention_macs_pct"] / 100, abs=0.01) and counted <= 0.7 + 0.01
+    assert fisher["export_same_translations"] and fisher["heads_pool"] == 72
+    out = tmp_path / "dsp"
+    hprune("prune", "--method", "dsp", f"ckpt={moa_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.head_budget=36", "prune.optim.max_update=20", "prune.cooldown=10", "prune.optim.max_tokens=2048")
+    dsp = json.loads((out / "metrics.json").read_text())
+    assert dsp["kept_heads"] == 36 and dsp["bleu"] == dsp["bleu_selector"]

@@ -1,7 +1,8 @@
 """Floating-point operations counted by torch's FlopCounterMode (matmuls and attention), not estimated."""
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
@@ -41,3 +42,52 @@ def macs_per_token(model, sample: dict) -> dict:
                     if name.endswith((".self_attn", ".encoder_attn")))
     return {"macs_per_token": round(counter.get_total_flops() / 2 / tokens),
             "attention_macs_per_token": round(attention / 2 / tokens)}
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """MACs per target token of one attention sublayer as a function of the units (heads, experts) it keeps:
+    `shared` once the layer keeps any (MoA's key and value), `per_unit` for each kept unit (a head's q/k/v rows,
+    attention and out_proj columns; an expert's router row), and `per_slot` for each of the min(kept, top_k)
+    expert slots a token uses (MoA's expert query, attention and output; None for heads)."""
+    shared: float
+    per_unit: float
+    per_slot: float = 0.0
+    top_k: Optional[int] = None
+
+    def macs(self, kept: int) -> float:
+        if kept == 0:
+            return 0.0
+        slots = min(kept, self.top_k) * self.per_slot if self.top_k is not None else 0.0
+        return self.shared + kept * self.per_unit + slots
+
+
+def unit_costs(model, sample: dict) -> Dict[Tuple[str, int], UnitCost]:
+    """Each attention sublayer's UnitCost, from the MACs counted (as above) on one teacher-forced batch with the
+    units it has now: a model pruned to any mask runs sum(cost.macs(kept)) MACs per target token in attention."""
+    by_module = _counted(model, **sample["net_input"]).get_flop_counts()
+    tokens = int(sample["ntokens"])
+    names = {id(module): f"{type(model).__name__}.{name}" for name, module in model.named_modules()}
+
+    def macs(module) -> float:
+        return sum(by_module.get(names[id(module)], {}).values()) / 2 / tokens
+
+    costs = {}
+    for kind, layer, module in model.attention_modules():
+        units = module.num_heads
+        if units == 0:
+            costs[(kind, layer)] = UnitCost(0.0, 0.0)
+        elif hasattr(module, "top_k"):  # MoA: shared K/V, a router row per expert, top-k slots per token
+            shared = macs(module.k_proj) + macs(module.v_proj)
+            router = macs(module.router)
+            slots = min(module.top_k, units)
+            costs[(kind, layer)] = UnitCost(shared, router / units, (macs(module) - shared - router) / slots,
+                                            module.top_k)
+        else:
+            costs[(kind, layer)] = UnitCost(0.0, macs(module) / units)
+    return costs
+
+
+def mask_macs(costs: Dict[Tuple[str, int], UnitCost], mask: dict, types) -> float:
+    """Attention MACs per target token of the sublayers of `types` under a head mask (head-mask schema)."""
+    return sum(costs[(kind, layer)].macs(int(sum(row))) for kind in types for layer, row in enumerate(mask[kind]))

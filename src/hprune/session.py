@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from . import backend
 from .data.prepare import bind, prepare, test_set_of
 from .errors import UserError
+from .flops import macs_per_token
 from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Session:
         self.cfg, self.data, self.loaded, self.data_bin = cfg, data, loaded, data_bin
         self._criterion = criterion
         self._mask: Optional[Mask] = None
+        self._unit_costs = None
 
     @classmethod
     def open(cls, cfg: DictConfig, ckpt: str | Path | None = None) -> "Session":
@@ -156,8 +158,8 @@ class Session:
 
     # ---------------------------------------------------------------------------------------- data
     def batches(self, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
-                shuffle_seed: Optional[int] = None) -> Iterator[dict]:
-        return backend.batches(self.loaded, split, max_tokens, max_batches, shuffle_seed)
+                shuffle_seed: Optional[int] = None, max_sentences: Optional[int] = None) -> Iterator[dict]:
+        return backend.batches(self.loaded, split, max_tokens, max_batches, shuffle_seed, max_sentences)
 
     def test_set(self, split: str) -> Optional[str]:
         return test_set_of(self.data_bin, split)
@@ -191,7 +193,6 @@ class Session:
         """Parameters and counted MACs per target token (whole model and attention); on MoA models, the MoA
         settings and how evenly the experts are used (the per-expert table, empty on other models)."""
         from .analysis.moa import expert_load, load_summary
-        from .flops import macs_per_token
 
         costs = {"n_params": self.n_params(),
                  **macs_per_token(self.model, next(self.batches(split, EVAL_MAX_TOKENS, 1)))}
@@ -201,6 +202,16 @@ class Session:
             costs.update({key: getattr(model_cfg, key) for key in ("moa_experts", "moa_top_k", "moa_head_dim", "moa_types")},
                          **load_summary(load))
         return costs, load
+
+    def attention_macs_pct(self, mask: Mask, types) -> float:
+        """Attention MACs per target token of the sublayers of `types` under `mask`, as a percentage of those
+        of every head the model has now (counted once per session, flops.unit_costs)."""
+        from .flops import mask_macs, unit_costs
+
+        if self._unit_costs is None:
+            self._unit_costs = unit_costs(self.model, next(self.batches(self.cfg.loss_split, EVAL_MAX_TOKENS, 1)))
+        full = mask_macs(self._unit_costs, self.unpruned_mask(), types)
+        return round(100 * mask_macs(self._unit_costs, mask, types) / full, 2) if full else 0.0
 
     # ---------------------------------------------------------------------------------------- changing
     def finetune(self, mask: Optional[Mask], updates: int, lr: float, max_tokens: int, seed: int) -> None:
@@ -212,8 +223,9 @@ class Session:
     def export(self, mask: Mask, dest: Path, masked: dict, max_tokens: int,
                config_from: Optional[Path] = None) -> dict:
         """Physically remove the masked heads into `dest`, reopen it, and check it against this model under the
-        mask (`masked`: evaluate(mask) of it): largest output difference, BLEU, same translations, size and
-        speed. config_from: see backend.export_pruned."""
+        mask (`masked`: evaluate(mask) of it): largest output difference, BLEU, same translations, size, MACs
+        per target token counted on both (whole model and attention) and speed. config_from: see
+        backend.export_pruned."""
         backend.export_pruned(self.loaded, kept_ids(mask), dest, config_from)
         pruned = self.reopen(dest)
         sample = next(self.batches(self.cfg.loss_split, max_tokens, 1))
@@ -225,9 +237,13 @@ class Session:
         if not same:
             log.warning("the physically pruned model's translations differ from the masked model's")
         n_params, n_params_pruned = self.n_params(), pruned.n_params()
+        counted = {name: macs_per_token(session.model, sample) for name, session in (("unpruned", self), ("pruned", pruned))}
         return {"export_checkpoint": str(dest.absolute()), "export_max_abs_diff": difference,
                 "export_bleu": result["bleu"], "export_same_translations": same, "n_params_pruned": n_params_pruned,
                 "params_removed_pct": round(100 * (1 - n_params_pruned / n_params), 2),
+                **{f"{key}_{name}": value for name, macs in counted.items() for key, value in macs.items()},
+                "macs_removed_pct": round(100 * (1 - counted["pruned"]["macs_per_token"]
+                                                 / counted["unpruned"]["macs_per_token"]), 2),
                 "sentences_per_s_masked": masked["sentences_per_s"], "sentences_per_s_pruned": result["sentences_per_s"]}
 
     def continue_training_argv(self, save_dir: Path, seed: int, criterion: str, options: list) -> list:

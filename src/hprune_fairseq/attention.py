@@ -3,8 +3,9 @@
 Compared with the stock module it adds, in one place:
   * `head_mask`: 1 keeps a head and 0 drops it; applied to each head's output (the context vector) before
     `out_proj`, so a dropped head contributes exactly nothing;
-  * `record_weights` / `record_outputs`: keep the last call's per-head attention weights and per-head outputs
-    (for head roles and gradient importance; `head_outputs` stays in the autograd graph);
+  * `record_weights` / `record_outputs` / `record_contributions`: keep the last call's per-head attention weights,
+    per-head outputs (for head roles and gradient importance; `head_outputs` stays in the autograd graph) and
+    each head's share of the output (for mask tuning);
   * `prune_heads`: physical removal of heads (q/k/v rows and out_proj columns); a module left with no head
     returns its out_proj bias;
   * `gate`: an optional Hard Concrete gate per head (Voita et al.), multiplying the head outputs (computed
@@ -40,6 +41,11 @@ class HeadAttention(HeadUnits, MultiheadAttention):
 
     def _fold(self, values: Tensor) -> None:
         """Each head's out_proj columns scaled by its gate value."""
+        self.scale_units(values)
+
+    @torch.no_grad()
+    def scale_units(self, values: Tensor) -> None:
+        """Each head's out_proj columns scaled by its value."""
         self.out_proj.weight.mul_(values.repeat_interleave(self.head_dim).to(self.out_proj.weight.dtype))
 
     def _keep_units(self, local) -> None:
@@ -133,8 +139,8 @@ class HeadAttention(HeadUnits, MultiheadAttention):
         gate: Optional[Tensor] = None
         if self.gate is not None:
             gate = self.gate().to(context.dtype)
-        if self.record_weights or self.record_outputs:
-            if gate is not None and self.record_outputs:  # the recorded head outputs are the gated ones
+        if self.record_weights or self.record_outputs or self.record_contributions:
+            if gate is not None and (self.record_outputs or self.record_contributions):  # recorded: the gated ones
                 context, gate = context * gate.view(1, H, 1, 1), None
             self._record(weights, context)
 
@@ -158,3 +164,6 @@ class HeadAttention(HeadUnits, MultiheadAttention):
             self.head_weights = weights
         if self.record_outputs:
             self.head_outputs = context
+        if self.record_contributions:  # (batch, heads, len, d_model): context_h W_o[:, h]ᵀ
+            weight = self.out_proj.weight.view(-1, self.num_heads, self.head_dim)
+            self.unit_contributions = torch.einsum("bhtd,ohd->bhto", context, weight.to(context.dtype))

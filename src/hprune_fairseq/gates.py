@@ -59,9 +59,10 @@ class HardConcreteGate(nn.Module):
 
 
 class Gated:
-    """Hard Concrete gates on the units of an attention module: the heads of HeadAttention, the experts of
-    MoAAttention. `gate` is None, or one gate per unit present (`num_heads` of them); its log α is
-    `<module>.gate.log_alpha`."""
+    """Gates on the units of an attention module (the heads of HeadAttention, the experts of MoAAttention): `gate`
+    is None, a HardConcreteGate with one gate per unit present (`num_heads` of them; its log α is
+    `<module>.gate.log_alpha`), or a SubsetGate, the module's slice of the model's DSP mask (subset.py). Either
+    is called for this step's values and has `deterministic()`."""
 
     def add_gate(self, init: Optional[float] = None) -> None:
         device = next(self.parameters()).device
@@ -73,10 +74,13 @@ class Gated:
         if parent is not None:
             parent(state_dict, name)
         key = f"{name}.gate.log_alpha" if name else "gate.log_alpha"
-        if self.gate is not None and key not in state_dict:
+        if isinstance(self.gate, HardConcreteGate) and key not in state_dict:
             state_dict[key] = self.gate.log_alpha.detach().clone()
 
     def keep_gates(self, local) -> None:
-        """Physical pruning: keep the gates of the units at these positions."""
-        if self.gate is not None:
+        """Physical pruning: keep the gates of the units at these positions (a DSP gate, a view of the model's
+        selector, cannot be sliced: fold it first)."""
+        if isinstance(self.gate, HardConcreteGate):
             self.gate.log_alpha = nn.Parameter(self.gate.log_alpha[local])
+        elif self.gate is not None:
+            raise ValueError("fold the subset-selection gates before removing heads")

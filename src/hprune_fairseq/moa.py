@@ -171,6 +171,15 @@ class MoAAttention(HeadUnits, nn.Module):
             return weighted.reshape(n, -1) @ self.o_experts.reshape(-1, self.embed_dim).to(context.dtype)
         return plan.project_scatter(plan.rows_of_slots(weighted.reshape(-1, self.head_dim)), self.o_experts, n)
 
+    def _contributions(self, context: Tensor, weights: Tensor, experts: Tensor, plan: Optional["Dispatch"]) -> Tensor:
+        """Each expert's share of every token's output, (N, experts present, d_model) (mask tuning only)."""
+        weighted = context * weights.unsqueeze(-1).to(context.dtype)
+        if plan is None:  # dense: slots in expert order
+            return torch.einsum("neh,ehd->ned", weighted, self.o_experts.to(context.dtype))
+        per_slot = torch.einsum("nkh,nkhd->nkd", weighted, self.o_experts[experts].to(context.dtype))
+        shares = per_slot.new_zeros(per_slot.size(0), self.num_heads, per_slot.size(-1))
+        return shares.scatter_add(1, experts.unsqueeze(-1).expand_as(per_slot), per_slot)
+
     # ------------------------------------------------------------------------------------ forward
     def _keys_values(self, query, key, value, key_padding_mask, incremental_state, static_kv):
         """The shared keys and values, (batch, src_len, head_dim) each, and the key padding mask, with the
@@ -262,6 +271,9 @@ class MoAAttention(HeadUnits, nn.Module):
         context, attention = self._attend(queries, k, v, attn_mask, key_padding_mask, slots, need_weights)
         context = context.view(bsz * tgt_len, slots, self.head_dim)
         out = self._outputs(context, weights, plan).view(bsz, tgt_len, self.embed_dim).transpose(0, 1)
+        if self.record_contributions:
+            self.unit_contributions = self._contributions(context, weights, experts, plan).view(
+                bsz, tgt_len, self.num_heads, self.embed_dim).transpose(1, 2)
         if attention is not None:
             attention = attention.float().view(bsz, tgt_len, slots, src_len)
             attention = attention.permute(2, 0, 1, 3) if need_head_weights else attention.mean(2)
@@ -274,8 +286,13 @@ class MoAAttention(HeadUnits, nn.Module):
 
     def _fold(self, values: Tensor) -> None:
         """Each expert's W_o scaled by its gate value; experts whose gate is 0 masked out of the router."""
-        self.o_experts.mul_(values.view(-1, 1, 1).to(self.o_experts.dtype))
+        self.scale_units(values)
         self.head_mask = (values > 0) if self.head_mask is None else self.head_mask & (values > 0)
+
+    @torch.no_grad()
+    def scale_units(self, values: Tensor) -> None:
+        """Each expert's W_o scaled by its value (the router is left as it is)."""
+        self.o_experts.mul_(values.view(-1, 1, 1).to(self.o_experts.dtype))
 
     def _keep_units(self, local) -> None:
         """The kept experts' router rows, W_q and W_o."""

@@ -17,6 +17,7 @@ of `--moa-types`; its experts take the place of heads in masks, gates and physic
 from __future__ import annotations
 
 import json
+import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -38,7 +39,9 @@ from hprune.attention_types import ATTENTION_TYPES, check_attention_types
 
 from .attention import HeadAttention
 from .embeddings import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
+from .gates import HardConcreteGate
 from .moa import MoAAttention
+from .subset import SubsetSelector
 
 
 def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
@@ -133,6 +136,12 @@ class MoADecoder(HeadDecoder):
                                                    **kwargs)
 
 
+def _draw_subset(model, args) -> None:
+    selector = getattr(model, "head_selector", None)
+    if selector is not None and model.training:
+        selector.sample()
+
+
 @register_model("hprune_transformer")
 class HpruneTransformerModel(TransformerModel):
     @classmethod
@@ -146,6 +155,20 @@ class HpruneTransformerModel(TransformerModel):
                                  f"({', '.join(ATTENTION_TYPES)})")
         parser.add_argument("--gate-log-alpha-init", type=float, default=None, metavar="X",
                             help="initial log alpha of every gate (default: Glorot-uniform, as Voita et al.)")
+        parser.add_argument("--dsp-heads", type=int, default=None, metavar="K",
+                            help="Differentiable Subset Pruning: keep exactly K heads of --dsp-types (subset.py)")
+        parser.add_argument("--dsp-types", type=str, default=None, metavar="TYPES",
+                            help="attention types whose heads DSP selects from, comma-separated")
+        parser.add_argument("--dsp-temperature", type=str, default="0.1,1e-8", metavar="T0,T1",
+                            help="DSP: initial and final temperature")
+        parser.add_argument("--dsp-cooldown", type=int, default=250, metavar="N",
+                            help="DSP: training steps over which the temperature falls (log-linearly)")
+        parser.add_argument("--dsp-straight-through", action="store_true",
+                            help="DSP: hard top-K in the forward pass, gradients straight through")
+        parser.add_argument("--dsp-logit-scale", type=float, default=1.0, metavar="C",
+                            help="DSP: logits = C · θ, so Adam moves them about C times the learning rate")
+        parser.add_argument("--dsp-logits-only", action="store_true",
+                            help="DSP: train the logits only, the model frozen (the reference's pipelined mode)")
         parser.add_argument("--freeze-decoder", action="store_true",
                             help="train only the encoder (and the embeddings it shares): Voita et al.'s setting for "
                                  "enc-self gates, so head functions do not move to the decoder")
@@ -164,6 +187,15 @@ class HpruneTransformerModel(TransformerModel):
             model.keep_heads(json.loads(args.kept_heads))
         if getattr(args, "head_gates", None):
             model.add_gates(args.head_gates.split(","), getattr(args, "gate_log_alpha_init", None))
+        if getattr(args, "dsp_heads", None) is not None:  # (flags left at their default may be absent)
+            initial, final = (float(t) for t in getattr(args, "dsp_temperature", "0.1,1e-8").split(","))
+            model.add_subset_selector((getattr(args, "dsp_types", None) or ",".join(ATTENTION_TYPES)).split(","),
+                                      args.dsp_heads, (initial, final), getattr(args, "dsp_cooldown", 250),
+                                      getattr(args, "dsp_straight_through", False),
+                                      getattr(args, "dsp_logit_scale", 1.0))
+            if getattr(args, "dsp_logits_only", False):
+                for name, p in model.named_parameters():
+                    p.requires_grad_(name == "head_selector.theta")
         if getattr(args, "freeze_decoder", False):
             shared = {id(p) for p in model.encoder.parameters()}
             for p in model.decoder.parameters():
@@ -210,11 +242,12 @@ class HpruneTransformerModel(TransformerModel):
         for kind, layer, module in self.attention_modules():
             module.set_head_mask(None if mask is None else mask[kind][layer])
 
-    def record_heads(self, weights: bool = False, outputs: bool = False) -> None:
-        """Keep each attention's last per-head weights and/or outputs (`head_weights`, `head_outputs`)."""
+    def record_heads(self, weights: bool = False, outputs: bool = False, contributions: bool = False) -> None:
+        """Keep each attention's last per-head weights, outputs and/or shares of the output (`head_weights`,
+        `head_outputs`, `unit_contributions`)."""
         for _, _, module in self.attention_modules():
-            module.record_weights, module.record_outputs = weights, outputs
-            module.head_weights = module.head_outputs = None
+            module.record_weights, module.record_outputs, module.record_contributions = weights, outputs, contributions
+            module.head_weights = module.head_outputs = module.unit_contributions = None
 
     def head_ids(self) -> Dict[str, List[List[int]]]:
         """The original ids of the heads each layer still has, in the head-mask layout."""
@@ -232,24 +265,46 @@ class HpruneTransformerModel(TransformerModel):
         # round them away; saved with the model, so a resumed run continues where it stopped
         self.register_buffer("budget_state", torch.zeros(2, dtype=torch.long))
 
+    def add_subset_selector(self, types: List[str], k: int, temperature: tuple, cooldown: int,
+                            straight_through: bool, logit_scale: float) -> None:
+        """DSP (subset.py) over the heads of `types`: one logit per head, initialised Xavier-uniform for a
+        (sublayers, heads per sublayer) matrix as the reference's, and each module's gate its slice of the mask."""
+        types = check_attention_types(types, "--dsp-types", "enc-self")
+        modules = [m for kind, _, m in self.attention_modules() if kind in types]
+        sizes = [m.num_heads for m in modules]
+        bound = math.sqrt(6.0 / (len(modules) + max(sizes)))
+        self.head_selector = SubsetSelector(sum(sizes), k, temperature, cooldown, straight_through, logit_scale,
+                                            bound).to(next(self.parameters()).device)
+        for module, gate in zip(modules, self.head_selector.gates(sizes)):
+            module.gate = gate
+        # each training forward draws its mask first (a hook, not a forward override: the model stays scriptable)
+        self.register_forward_pre_hook(_draw_subset)
+
     def upgrade_state_dict_named(self, state_dict, name):
-        """A gated model loads an ungated checkpoint: its budget state starts at zero (gates: HeadAttention)."""
+        """A gated or DSP model loads a plain checkpoint: its budget state and DSP step start at zero, its DSP
+        logits where they were initialised (gates: HeadAttention)."""
         super().upgrade_state_dict_named(state_dict, name)
-        key = f"{name}.budget_state" if name else "budget_state"
-        if hasattr(self, "budget_state") and key not in state_dict:
-            state_dict[key] = torch.zeros(2, dtype=torch.long)
+        prefix = f"{name}." if name else ""
+        if hasattr(self, "budget_state") and f"{prefix}budget_state" not in state_dict:
+            state_dict[f"{prefix}budget_state"] = torch.zeros(2, dtype=torch.long)
+        selector = getattr(self, "head_selector", None)
+        if selector is not None and f"{prefix}head_selector.theta" not in state_dict:
+            state_dict[f"{prefix}head_selector.theta"] = selector.theta.detach().clone()
+            state_dict[f"{prefix}head_selector.step"] = torch.zeros((), dtype=torch.long)
 
     def gates(self) -> Iterator[Tuple[str, int, HeadAttention]]:
-        """The gated attention modules, as attention_modules() names them."""
-        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if m.gate is not None)
+        """The attention modules with Hard Concrete gates, as attention_modules() names them."""
+        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m.gate, HardConcreteGate))
 
     def fold_gates(self) -> None:
-        """Fold every deterministic gate into its out_proj columns (HeadAttention.fold_gate): same outputs in
-        eval mode, and a plain ungated model that can be masked, fine-tuned and physically pruned."""
-        for _, _, module in list(self.gates()):
-            module.fold_gate()
-        if hasattr(self, "budget_state"):
-            del self.budget_state
+        """Fold every deterministic gate (Hard Concrete or DSP) into its out_proj columns (HeadAttention.fold_gate):
+        same outputs in eval mode, and a plain ungated model that can be masked, fine-tuned and physically pruned."""
+        for _, _, module in self.attention_modules():
+            if module.gate is not None:
+                module.fold_gate()
+        for buffer in ("budget_state", "head_selector"):
+            if hasattr(self, buffer):
+                delattr(self, buffer)
 
     def gate_open_probabilities(self) -> Tuple[Tensor, Tensor, int]:
         """P(gate ≠ 0) and the deterministic gate of every gated head, concatenated over the gated modules, and

@@ -25,9 +25,10 @@ class HeadUnits(Gated):
         self.head_ids = list(range(count))  # original ids of the units still present
         self.head_mask = None
         self.gate = None
-        self.record_weights = self.record_outputs = False
+        self.record_weights = self.record_outputs = self.record_contributions = False
         self.head_weights = None  # per-unit attention weights of the last call, when recorded
         self.head_outputs = None  # per-unit outputs of the last call (in the autograd graph), when recorded
+        self.unit_contributions = None  # (batch, units, len, d_model): each unit's share of the output, bias aside
 
     def _unit_mask(self, values: Tensor) -> Tensor:
         """The stored form of a mask over the units present (float 0/1 for heads)."""
@@ -37,6 +38,10 @@ class HeadUnits(Gated):
         raise NotImplementedError
 
     def _fold(self, values: Tensor) -> None:
+        raise NotImplementedError
+
+    def scale_units(self, values: Tensor) -> None:
+        """Multiply each present unit's contribution to the output by its value (any sign)."""
         raise NotImplementedError
 
     def set_head_mask(self, mask) -> None:

@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 from .. import backend, translations
 from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..errors import UserError
-from ..files import write_atomic, write_json
-from ..pruning.heads import kept_columns, mask_without, present_heads
+from ..files import write_atomic
+from ..pruning.heads import present_heads
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
-from . import register_method
+from . import register_method, trained
 
 ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
 
@@ -84,15 +84,14 @@ def gate_table(model) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def gated_training_argv(cfg: DictConfig, start, save: Path) -> list:
-    p = cfg.prune
+def gate_options(p: DictConfig) -> list:
+    """The model and criterion flags of the gated training."""
     options = ["--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
     if p.head_budget is not None:
         options += ["--l0-budget", str(p.head_budget), "--l0-budget-gain", str(p.budget_gain),
                     "--l0-budget-warmup", str(p.budget_warmup)]
     options += ["--gate-log-alpha-init", str(p.gate_init)] if p.gate_init is not None else []
-    options += ["--freeze-decoder"] if p.freeze_decoder else []
-    return start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(p.optim))
+    return options + (["--freeze-decoder"] if p.freeze_decoder else [])
 
 
 def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned: dict) -> dict:
@@ -125,7 +124,7 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned
     return metrics
 
 
-@register_method("voita", trains=True, check=check_settings)
+@register_method("voita", procedure=True, check=check_settings)
 def voita(start, cfg: DictConfig, out: Path) -> dict:
     """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
     p = cfg.prune
@@ -136,20 +135,13 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     unpruned = start.evaluate(None, max_tokens)
     translations.save(out, "unpruned", unpruned)
 
-    save = out / "checkpoints"
-    backend.train(gated_training_argv(cfg, start, save), script=out / "fairseq-train.sh", label="gates")
-
-    gated = start.reopen(save / "checkpoint_last.pt")
+    gated = trained.train(start, cfg, gate_options(p), out, "gates")
     gates = gate_table(gated.model)
     bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
-    gated.model.fold_gates()
     closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.kept}
-    mask = mask_without(gated.model, closed)
-    pruned = gated.evaluate(mask, max_tokens)
-    translations.save(out, "pruned", pruned)
+    mask, pruned = trained.read_out(gated, closed, max_tokens, out)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
-    write_json(out / "head_mask.json", mask)
     plots.head_heatmaps(gates, "gate", out / "gates.png", "deterministic gates, "
                         + (f"λ={p.l0_lambda}" if p.head_budget is None else f"budget {p.head_budget} heads"))
     alive = alive_over_training(out / "prune.log")
@@ -158,32 +150,15 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
         plots.line(alive, "num_updates", ["kept_heads", "alive_heads", "open_heads"], out / "alive_heads.png",
                    "gated heads over training: kept (gate > 0), alive (P(open) > 0.5), expected open")
     metrics = {
-        "method": "voita", "split": cfg.split,
+        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned),
         "l0_lambda": p.l0_lambda if p.head_budget is None else None, "l0_normalize": p.l0_normalize, "head_budget": p.head_budget,
         **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
         "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
-        "types": list(p.types), "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init,
-        "updates": int(p.optim.max_update),
-        "bleu": pruned["bleu"], "bleu_gates": bleu_gates, "bleu_unpruned": unpruned["bleu"],
-        "delta_bleu": round(pruned["bleu"] - unpruned["bleu"], 4), "chrf": pruned["chrf"],
-        "valid_loss": pruned["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
-        "bleu_signature": pruned["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
-        "kept_heads": len(pool) - len(closed), "alive_heads": int(gates["alive"].sum()),
-        "pct_pruned": round(100 * len(closed) / len(pool), 2),
-        **kept_columns(mask), "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
-        **start.provenance(),
+        "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init, "bleu_gates": bleu_gates,
+        "alive_heads": int(gates["alive"].sum()),
+        "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
     }
-    final = pruned
-    if p.finetune.updates:
-        gated.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
-        final = gated.evaluate(mask, max_tokens)
-        translations.save(out, "finetuned", final)
-        metrics.update(finetune_updates=p.finetune.updates, bleu_finetuned=final["bleu"],
-                       delta_bleu_finetuned=round(final["bleu"] - unpruned["bleu"], 4),
-                       valid_loss_finetuned=final["valid_loss"])
-    if p.export:
-        metrics.update(gated.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", final, max_tokens,
-                                    config_from=start.checkpoint))
+    metrics.update(trained.finetune_and_export(start, gated, cfg, mask, pruned, unpruned, out))
     if p.from_scratch:
         metrics.update(from_scratch(start, recipe, out / "head_mask.json", out, unpruned))
     print(summary(metrics))
@@ -196,11 +171,7 @@ def summary(m: dict) -> str:
                else f"λ={m['l0_lambda']}")
     lines = [f"{setting} ({m['l0_normalize']}): {m['kept_heads']} of {m['heads_pool']} gated heads kept "
              f"(kept: {per_type}); BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs the start)"]
-    if "bleu_finetuned" in m:
-        lines.append(f"fine-tuned {m['finetune_updates']} updates with the mask fixed: BLEU {m['bleu_finetuned']:.2f}")
-    if "export_checkpoint" in m:
-        lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "
-                     f"BLEU {m['export_bleu']:.2f}, max |diff| {m['export_max_abs_diff']:.1e})")
+    lines += trained.export_lines(m)
     if "bleu_scratch" in m:
         lines.append(f"the same heads trained from scratch ({m['scratch_updates']} updates): BLEU {m['bleu_scratch']:.2f} "
                      f"({m['delta_bleu_scratch']:+.2f} vs the start, its control: all heads, the same recipe)")

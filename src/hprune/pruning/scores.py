@@ -12,6 +12,8 @@ Each function returns a DataFrame (type, layer, head, importance) over the heads
 * `magnitude`: Σ|W| + Σ|b| of the head's q/k/v rows, the L1 criterion of fairseq's
   `MultiheadAttention._get_reserve_head_index` (used for RoBERTa).
 * `random`: uniform scores from a seeded generator.
+`mask_gradients` gives Kwon et al.'s per-batch head-mask gradients, whose squares sum to the diagonal Fisher
+information their retraining-free pruning ranks heads by (methods/fisher.py).
 """
 from __future__ import annotations
 
@@ -39,34 +41,67 @@ def _non_pad(sample: dict, pad: int) -> Dict[str, torch.Tensor]:
     return {"enc-self": source, "dec-self": target, "dec-enc": target}
 
 
-def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFrame, Dict[str, int]]:
-    """Head importance summed over batches, divided by the non-pad query tokens of its side (source tokens for
-    enc-self, target tokens for the decoder's two). Returns the table and the token counts."""
+def _output_gradients(model, criterion, batches: Iterable[dict], per_token_loss: bool = False):
+    """For each batch: the sample and, per attention sublayer, (type, layer, head outputs, their gradient) after
+    one forward and one backward of the criterion in eval mode (gradient None where no head reaches the loss).
+    `per_token_loss`: the loss divided by its sample size (target tokens), as a mean-loss training step sees it."""
     model.eval()
     modules = list(model.attention_modules())
-    totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in modules}
-    tokens = {"enc-self": 0, "dec-self": 0, "dec-enc": 0}
     model.record_heads(outputs=True)
     try:
         for sample in batches:
-            loss, _, _ = criterion(model, sample)
+            loss, sample_size, _ = criterion(model, sample)
+            if per_token_loss:
+                loss = loss / sample_size
             recorded = [(kind, layer, m.head_outputs) for kind, layer, m in modules if m.head_outputs is not None]
             grads = torch.autograd.grad(loss, [out for _, _, out in recorded], allow_unused=True)
-            real = _non_pad(sample, pad)
-            for (kind, layer, out), grad in zip(recorded, grads):
-                if grad is None:  # a head set that cannot reach the loss (all masked)
-                    continue
-                per_token = (out.detach().float() * grad.float()).sum(-1)  # (batch, heads, len)
-                per_token = per_token * real[kind].unsqueeze(1)
-                totals[(kind, layer)] += per_token.abs().sum((0, 2)).double().cpu()
-            for kind in tokens:
-                tokens[kind] += int(real[kind].sum())
+            yield sample, [(kind, layer, out.detach(), grad) for (kind, layer, out), grad in zip(recorded, grads)]
     finally:
         model.record_heads()
+
+
+def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFrame, Dict[str, int]]:
+    """Head importance summed over batches, divided by the non-pad query tokens of its side (source tokens for
+    enc-self, target tokens for the decoder's two). Returns the table and the token counts."""
+    totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in model.attention_modules()}
+    tokens = {"enc-self": 0, "dec-self": 0, "dec-enc": 0}
+    for sample, recorded in _output_gradients(model, criterion, batches):
+        real = _non_pad(sample, pad)
+        for kind, layer, out, grad in recorded:
+            if grad is None:  # a head set that cannot reach the loss (all masked)
+                continue
+            per_token = (out.float() * grad.float()).sum(-1)  # (batch, heads, len)
+            per_token = per_token * real[kind].unsqueeze(1)
+            totals[(kind, layer)] += per_token.abs().sum((0, 2)).double().cpu()
+        for kind in tokens:
+            tokens[kind] += int(real[kind].sum())
     if not tokens["enc-self"]:
         raise ValueError("no batches: head importance needs at least one sentence")
     values = {(kind, layer): total / tokens[kind] for (kind, layer), total in totals.items()}
     return _table(model, values), tokens
+
+
+def mask_gradients(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[list, torch.Tensor]:
+    """∂L/∂ξ_h at ξ = 1 of every head present, one row per batch, with L the batch's mean loss per target token
+    (Kwon et al.'s head-mask gradients: |Σ_batch|, not Σ|per token| as Michel's importance). Returns the heads,
+    as (type, layer, original id) in the model's order, and the (batches, heads) gradients."""
+    heads = [(kind, layer, h) for kind, layer, m in model.attention_modules() for h in m.head_ids]
+    rows = []
+    for sample, recorded in _output_gradients(model, criterion, batches, per_token_loss=True):
+        real = _non_pad(sample, pad)
+        found = {(kind, layer): (out, grad) for kind, layer, out, grad in recorded}
+        row = []
+        for kind, layer, m in model.attention_modules():
+            out, grad = found.get((kind, layer), (None, None))
+            if grad is None:
+                row.append(torch.zeros(m.num_heads, dtype=torch.float64))
+                continue
+            per_token = (out.float() * grad.float()).sum(-1) * real[kind].unsqueeze(1)
+            row.append(per_token.sum((0, 2)).double().cpu())
+        rows.append(torch.cat(row))
+    if not rows:
+        raise ValueError("no batches: head-mask gradients need at least one sentence")
+    return heads, torch.stack(rows)
 
 
 @torch.no_grad()

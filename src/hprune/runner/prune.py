@@ -171,7 +171,8 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
             result = unpruned if n == 0 else session.evaluate(mask, p.importance.max_tokens)
             control = controls.get(step)
             row = {"order": method, "step": step, "pct_target": pct, "heads_pruned": n,
-                   "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask), "bleu": result["bleu"],
+                   "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask),
+                   "attention_macs_pct": session.attention_macs_pct(mask, p.types), "bleu": result["bleu"],
                    "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "chrf": result["chrf"],
                    "valid_loss": result["valid_loss"]}
             if control is not None:
@@ -196,9 +197,9 @@ def prune(cfg: DictConfig) -> dict:
     method = get_method(p.method)
     if method.check is not None:
         method.check(p)
-    if method.trains:  # e.g. voita's gates: its own procedure, the same verb and outputs
+    if method.procedure:  # voita's gates, dsp, fisher: a procedure of its own, the same verb and outputs
         return method.run(Session.open(cfg), cfg, run_dir())
-    orders = method_names(trains=False)
+    orders = method_names(procedure=False)
     steps = check_settings(p, orders)
     session = Session.open(cfg)
     model = session.model

@@ -1,0 +1,74 @@
+"""What the methods that train share (Voita's gates, DSP): continuing a checkpoint's training with fairseq-train
+(so the same command resumes an interrupted run), reading the trained gates out as a head mask, the metrics
+every such run reports, and the options after it: fine-tuning with the mask fixed, and the physical export."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from .. import backend, translations
+from ..files import write_json
+from ..pruning.heads import kept_columns, mask_without
+
+
+def train(start, cfg: DictConfig, options: list, out: Path, label: str):
+    """fairseq-train from start's checkpoint with the hprune criterion, `options` and prune.optim; the trained
+    model, reopened on start's data (its gates still in)."""
+    save = out / "checkpoints"
+    argv = start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
+    backend.train(argv, script=out / "fairseq-train.sh", label=label)
+    return start.reopen(save / "checkpoint_last.pt")
+
+
+def read_out(trained, closed: set, max_tokens: int, out: Path):
+    """Fold the gates into the weights (the ungated model computes what the gated one did in eval mode), mask the
+    `closed` heads, and evaluate: (mask, evaluation); head_mask.json and the translations written."""
+    trained.model.fold_gates()
+    mask = mask_without(trained.model, closed)
+    result = trained.evaluate(mask, max_tokens)
+    translations.save(out, "pruned", result)
+    write_json(out / "head_mask.json", mask)
+    return mask, result
+
+
+def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: dict, unpruned: dict) -> dict:
+    p = cfg.prune
+    return {
+        "method": p.method, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
+        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4),
+        "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
+        "bleu_signature": result["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
+        "kept_heads": len(pool) - len(closed), "pct_pruned": round(100 * len(closed) / len(pool), 2),
+        **kept_columns(mask), "attention_macs_pct": start.attention_macs_pct(mask, list(p.types)),
+        **start.provenance(),
+    }
+
+
+def finetune_and_export(start, trained, cfg: DictConfig, mask: dict, result: dict, unpruned: dict, out: Path) -> dict:
+    """prune.finetune.updates > 0: Adam updates with the mask fixed, then BLEU again; prune.export: the physically
+    pruned checkpoint of the final weights. Their metrics."""
+    p, found = cfg.prune, {}
+    if p.finetune.updates:
+        trained.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
+        result = trained.evaluate(mask, p.optim.max_tokens)
+        translations.save(out, "finetuned", result)
+        found.update(finetune_updates=p.finetune.updates, bleu_finetuned=result["bleu"],
+                     delta_bleu_finetuned=round(result["bleu"] - unpruned["bleu"], 4),
+                     valid_loss_finetuned=result["valid_loss"])
+    if p.export:
+        found.update(trained.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result, p.optim.max_tokens,
+                                    config_from=start.checkpoint))
+    return found
+
+
+def export_lines(m: dict) -> list:
+    """The summary lines of finetune_and_export's metrics."""
+    lines = []
+    if "bleu_finetuned" in m:
+        lines.append(f"fine-tuned {m['finetune_updates']} updates with the mask fixed: BLEU {m['bleu_finetuned']:.2f}")
+    if "export_checkpoint" in m:
+        lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "
+                     f"{m['macs_removed_pct']} % fewer MACs per token, BLEU {m['export_bleu']:.2f}, max |diff| "
+                     f"{m['export_max_abs_diff']:.1e})")
+    return lines

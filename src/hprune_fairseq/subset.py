@@ -1,0 +1,125 @@
+"""Differentiable Subset Pruning (Li, Cotterell and Sachan, TACL 2021; code rycolab/differentiable-subset-pruning):
+a learned logit per head, and a mask that keeps exactly K heads.
+
+Training, from the logits w (one per head of the selected attention types, pooled as the reference pools every
+head of the model): r = w + Gumbel noise, then K rounds of
+    p_j = softmax(r / τ),   r <- r + log(max(1 - p_j, tiny))
+and the mask is Σ_j p_j (Plötz and Roth's relaxed top-K, as the reference's `gumbel_soft_top_k`): it sums to
+exactly K, and as τ -> 0 it is the hard top-K of r. τ falls log-linearly from the initial to the final
+temperature over `cooldown` training steps, then stays. With `straight_through` the mask is the hard top-K
+of w, and gradients pass to w unchanged (the reference's STEFunction). In evaluation the mask is the hard top-K
+of w: exactly K heads. A selector with K at least the number of heads is the identity (every mask 1): the
+control, the same training without the selection.
+
+Each selected module's `gate` is a `SubsetGate`, its slice of the model's mask, so it scales the head (or
+expert) outputs exactly as a Hard Concrete gate does, and folds into out_proj the same way. The logits are
+`logit_scale` · θ: Adam moves θ by about its learning rate per step whatever the gradient's size, so with a
+fixed learning rate lr and logit_scale = pruning_lr / lr the logits move at about pruning_lr per step, as the
+reference's own parameter group for them does (its Adam leaves that group's rate out of the schedule), and
+fairseq-train needs no optimizer of its own.
+"""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+from torch import Tensor, nn
+
+TINY = torch.finfo(torch.float64).tiny
+
+
+def soft_top_k(scores: Tensor, k: int, temperature: float) -> Tensor:
+    """The relaxed top-k mask of scores (float64): Σ of k successive softmaxes, each with the mass already taken
+    removed; sums to k."""
+    keys = scores.double()
+    mask = torch.zeros_like(keys)
+    for _ in range(k):
+        p = torch.softmax(keys / temperature, dim=-1)
+        mask = mask + p
+        keys = keys + torch.log((1 - p).clamp(min=TINY))
+    return mask
+
+
+def hard_top_k(scores: Tensor, k: int) -> Tensor:
+    """1 on the k largest scores (ties: the lower index), 0 elsewhere."""
+    mask = torch.zeros_like(scores)
+    return mask.scatter(-1, scores.topk(k, dim=-1, sorted=False).indices, 1.0)
+
+
+class _StraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores: Tensor, k: int) -> Tensor:
+        return hard_top_k(scores, k)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, None
+
+
+class SubsetSelector(nn.Module):
+    def __init__(self, count: int, k: int, temperature: tuple = (0.1, 1e-8), cooldown: int = 250,
+                 straight_through: bool = False, logit_scale: float = 1.0, init_bound: float = 0.5):
+        super().__init__()
+        if k < 0 or count <= 0:
+            raise ValueError(f"DSP needs 0 <= K and at least one head, got K={k} of {count}")
+        initial, final = temperature
+        if not (initial > 0 and final > 0 and cooldown >= 0 and logit_scale > 0):
+            raise ValueError("DSP needs positive temperatures and logit scale and a cooldown >= 0")
+        self.count, self.k, self.initial, self.final, self.cooldown = count, k, initial, final, cooldown
+        self.straight_through, self.logit_scale = straight_through, logit_scale
+        self.theta = nn.Parameter(torch.empty(count).uniform_(-init_bound, init_bound) / logit_scale)
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training steps taken: resumes with the model
+        self.current: Tensor | None = None
+
+    @property
+    def logits(self) -> Tensor:
+        return self.theta * self.logit_scale
+
+    def temperature(self) -> float:
+        step = int(self.step)
+        if self.cooldown == 0 or step >= self.cooldown:
+            return self.final
+        return math.exp(math.log(self.initial) - step / self.cooldown * (math.log(self.initial) - math.log(self.final)))
+
+    def deterministic(self) -> Tensor:
+        """The evaluation mask: the hard top-K of the logits."""
+        if self.k >= self.count:
+            return torch.ones_like(self.theta)
+        return hard_top_k(self.logits.detach(), self.k)
+
+    def sample(self) -> Tensor:
+        """A training step's mask (kept in `current` for the gates), and the step counted."""
+        if self.k >= self.count:
+            mask = torch.ones_like(self.theta)
+        elif self.straight_through:
+            mask = _StraightThrough.apply(self.logits, self.k)
+        else:
+            uniform = torch.rand_like(self.theta, dtype=torch.float64) * (1 - TINY) + TINY
+            noisy = self.logits.double() - torch.log(-torch.log(uniform))
+            mask = soft_top_k(noisy, self.k, self.temperature()).to(self.theta.dtype)
+        self.step += 1
+        self.current = mask
+        return mask
+
+    def gates(self, sizes: List[int]) -> List["SubsetGate"]:
+        """One gate per module, over consecutive slices of the logits."""
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [SubsetGate(self, start, size) for start, size in zip(starts, sizes)]
+
+
+class SubsetGate:
+    """A module's slice of the selector's mask, in the `gate` interface of the attention modules: called, the
+    training step's mask (or the evaluation mask outside training); `deterministic()`, the evaluation mask.
+    Not an nn.Module: the selector (a submodule of the model) owns the parameters."""
+
+    def __init__(self, selector: SubsetSelector, start: int, size: int):
+        self.selector, self.start, self.size = selector, start, size
+
+    def __call__(self) -> Tensor:
+        selector = self.selector
+        mask = selector.current if selector.training and selector.current is not None else selector.deterministic()
+        return mask[self.start:self.start + self.size]
+
+    def deterministic(self) -> Tensor:
+        return self.selector.deterministic()[self.start:self.start + self.size]

@@ -1,0 +1,156 @@
+"""Retraining-free pruning (Kwon et al. 2022): head-mask gradients against autograd, the greedy rearrangement on
+a case worked by hand, mask tuning against a direct least-squares solve, and `--method fisher` end to end:
+the budget met in MACs counted on the exported model, the stages recorded, bad input refused."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import SMALL_DATA, hprune
+from test_cli import assert_one_line_error
+
+pytest.importorskip("fairseq")
+FISHER = ["--method", "fisher", *SMALL_DATA, "device=cpu", "prune.calibration.sentences=128"]
+
+
+@pytest.fixture(scope="module")
+def loaded(trained_run, evaluated_run):
+    from hprune import backend
+    return backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+
+
+def test_mask_gradients_equal_autograd_of_an_explicit_head_mask(loaded):
+    from hprune import backend
+    from hprune.pruning.scores import mask_gradients
+
+    model, criterion = loaded.model, backend.build_criterion(loaded)
+    batches = list(backend.batches(loaded, "valid", 600, 2))
+    heads, grads = mask_gradients(model, criterion, batches, loaded.task.target_dictionary.pad())
+    assert grads.shape == (2, 36) and heads[0] == ("enc-self", 0, 0) and heads[-1] == ("dec-enc", 2, 3)
+    model.eval()
+    for b, sample in enumerate(batches):
+        leaves = []
+        for _, _, module in model.attention_modules():
+            module.head_mask = torch.ones(module.num_heads, requires_grad=True)
+            leaves.append(module.head_mask)
+        loss, sample_size, _ = criterion(model, sample)
+        (loss / sample_size).backward()
+        torch.testing.assert_close(torch.cat([leaf.grad for leaf in leaves]).double(), grads[b], rtol=1e-4, atol=1e-7)
+        model.set_head_mask(None)
+
+
+def test_rearrangement_on_a_case_worked_by_hand():
+    """Three heads, two to prune. Alone, c has the smallest Fisher (0.5² + 0.5²), a and b tie (2): the search
+    prunes c and a, whose summed gradient (1.5, 1.5) costs 4.5. a and b cancel (Σ = 0): the greedy swap offers
+    b, then drops c from the pruned set, and keeps c instead."""
+    from hprune.methods.fisher import rearrange
+
+    heads = [("enc-self", 0, 0), ("enc-self", 0, 1), ("enc-self", 0, 2)]  # a, b, c
+    grads = torch.tensor([[1.0, -1.0, 0.5], [1.0, -1.0, 0.5]], dtype=torch.float64)  # (batches, heads)
+    assert rearrange({heads[1]}, heads, grads, ["enc-self"]) == {heads[2]}
+    # another layer is rearranged on its own; a layer with nothing pruned is left alone
+    more = heads + [("dec-enc", 1, 0), ("dec-enc", 1, 1)]
+    grads = torch.cat([grads, torch.tensor([[3.0, 0.1], [3.0, 0.1]], dtype=torch.float64)], dim=1)
+    assert rearrange({heads[1], more[3], more[4]}, more, grads, ["enc-self", "dec-enc"]) == {heads[2], more[3], more[4]}
+
+
+def test_mask_tuning_is_the_least_squares_solution_and_lowers_the_error(loaded):
+    """Student: heads 1 and 3 of encoder layer 1 masked; teacher: the unpruned model. The normal equations
+    accumulated over batches give the scales torch.linalg.lstsq gives on the stacked system, built here from the
+    layer's input and the heads' outputs; the fitted scales reconstruct the teacher's sublayer output better than
+    the untuned mask."""
+    from hprune import backend
+    from hprune.methods.fisher import least_squares
+    from hprune.pruning.heads import mask_without
+
+    model = copy.deepcopy(loaded.model).eval()
+    teacher = copy.deepcopy(loaded.model).eval()
+    pad = loaded.task.target_dictionary.pad()
+    model.set_head_mask(mask_without(model, {("enc-self", 1, 1), ("enc-self", 1, 3)}))
+    batches = list(backend.batches(loaded, "valid", 600, 2))
+    gram, target = least_squares(model, teacher, "enc-self", 1, batches, pad, units=[0, 2])
+    ours = torch.linalg.lstsq(gram, target.unsqueeze(-1)).solution.squeeze(-1)
+
+    rows, goals = [], []
+    layer_s, layer_t = model.encoder.layers[1], teacher.encoder.layers[1]
+    for sample in batches:
+        seen = {}
+        hooks = [layer.register_forward_pre_hook(lambda _, args, who=who: seen.__setitem__(who, args[0]))
+                 for who, layer in (("student", layer_s), ("teacher", layer_t))]
+        layer_s.self_attn.record_outputs = True
+        with torch.no_grad():
+            model(**sample["net_input"])
+            teacher(**sample["net_input"])
+        context = layer_s.self_attn.head_outputs  # (batch, heads, len, dim)
+        layer_s.self_attn.record_outputs, layer_s.self_attn.head_outputs = False, None
+        for hook in hooks:
+            hook.remove()
+        with torch.no_grad():
+            x_t = seen["teacher"]
+            h_t = layer_t.self_attn_layer_norm(x_t)
+            y_t = x_t + layer_t.self_attn(h_t, h_t, h_t, key_padding_mask=sample["net_input"]["src_tokens"].eq(pad),
+                                         need_weights=False)[0]
+        real = sample["net_input"]["src_tokens"].ne(pad).t()
+        out_proj = layer_s.self_attn.out_proj
+        per_head = torch.einsum("bhtd,ohd->tbho", context, out_proj.weight.view(-1, 4, 16))
+        rows.append(per_head[real][:, [0, 2]].permute(0, 2, 1).reshape(-1, 2).double())
+        goals.append((y_t - seen["student"] - out_proj.bias)[real].reshape(-1).double())
+    a, b = torch.cat(rows), torch.cat(goals)
+    direct = torch.linalg.lstsq(a, b.unsqueeze(-1)).solution.squeeze(-1)
+    torch.testing.assert_close(ours, direct, rtol=1e-6, atol=1e-8)
+    error = lambda scales: (a @ scales - b).pow(2).sum()  # noqa: E731
+    assert error(ours) < error(torch.ones(2, dtype=torch.float64))
+
+
+def test_fisher_end_to_end_meets_the_budget_in_counted_macs(trained_run, tmp_path):
+    out = tmp_path / "run"
+    hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, "prune.macs_budget=0.6")
+    metrics = json.loads((out / "metrics.json").read_text())
+    # the budget, in the cost model and in the MACs counted on the physically pruned export (every type is in the
+    # pool here, so the pool's attention MACs are the model's)
+    assert metrics["attention_macs_kept"] <= 0.6 * metrics["attention_macs_pool"]
+    counted = metrics["attention_macs_per_token_pruned"] / metrics["attention_macs_per_token_unpruned"]
+    assert counted == pytest.approx(metrics["attention_macs_pct"] / 100, abs=0.005) and counted <= 0.6 + 0.005
+    assert metrics["export_same_translations"] and metrics["export_max_abs_diff"] < 1e-4
+    stages = pd.read_csv(out / "stages.csv")
+    assert list(stages["stage"]) == ["search", "rearranged", "tuned"]
+    assert (stages["kept_heads"] == metrics["kept_heads"]).all()  # rearranging and tuning keep the count
+    assert metrics["bleu"] == metrics["bleu_tuned"] == stages["bleu"].iloc[-1] == metrics["export_bleu"]
+    table = pd.read_csv(out / "fisher.csv")
+    assert len(table) == 36 and table["kept"].sum() == metrics["kept_heads"]
+    assert ((table["scale"] != 1) == (table["kept"] == 1)).sum() >= 1  # tuned heads carry their scale
+    assert metrics["seconds"] > 0 and metrics["calibration_sentences"] == 128
+
+    # stage ablation: search only
+    hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'search'}", *FISHER, "prune.macs_budget=0.6",
+           "prune.rearrange=false", "prune.tune=false", "prune.export=false")
+    search = json.loads((tmp_path / "search" / "metrics.json").read_text())
+    assert search["bleu"] == search["bleu_search"] == metrics["bleu_search"]
+    assert list(pd.read_csv(tmp_path / "search" / "stages.csv")["stage"]) == ["search"]
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["prune.macs_budget=0"], "prune.macs_budget=0 is outside (0, 1]"),
+    (["prune.macs_budget=1.5"], "prune.macs_budget=1.5 is outside (0, 1]"),
+    (["prune.calibration.split=dev"], "pick a split it has"),
+    (["prune.calibration.sentences=0"], "prune.calibration.sentences=0"),
+])
+def test_bad_settings(trained_run, tmp_path, extra, expected):
+    out = tmp_path / "run"
+    proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, *extra, check=False)
+    assert_one_line_error(proc, expected)
+    assert not (out / "metrics.json").exists() and not (out / "head_mask.json").exists()
+
+
+def test_empty_calibration_split_stops_before_any_output(trained_run, tmp_path):
+    out = tmp_path / "run"
+    data = [o for o in SMALL_DATA if "n_test" not in o] + ["data.params.n_test=0"]
+    proc = hprune("prune", "--method", "fisher", f"ckpt={trained_run}", f"hydra.run.dir={out}", *data, "device=cpu",
+                  "split=valid", "prune.calibration.split=test", check=False)
+    assert_one_line_error(proc, "empty")
+    assert not (out / "hypotheses").exists() and not (out / "metrics.json").exists()
