@@ -72,6 +72,35 @@ def test_tables_equal_hand_computed_values(tmp_path):
     assert grouped.loc["prune", "runs"] == 4 and grouped.loc["prune", "bleu"] == pytest.approx((29 + 29.5 + 28 + 20) / 4)
 
 
+def test_dsp_against_its_control_and_a_budgeted_run_at_matched_macs(tmp_path):
+    types = ["enc-self", "dec-self", "dec-enc"]
+    pruned = {"verb": "prune", "checkpoint": CKPT, "types": types, "heads_pool": 36, "bleu_unpruned": 30.0}
+    michel = run_dir(tmp_path, "michel", "prune", {**pruned, "method": "michel", "pct_pruned": 25.0, "bleu": 28.0})
+    pd.DataFrame([("michel", step, pct, macs, bleu) for step, (pct, macs, bleu) in
+                  enumerate([(0.0, 100.0, 30.0), (25.0, 74.0, 28.0), (50.0, 49.0, 20.0), (75.0, 24.0, 8.0)])],
+                 columns=["order", "step", "pct_pruned", "attention_macs_pct", "bleu"]).to_csv(michel / "curve.csv",
+                                                                                              index=False)
+    training = {"ckpt": CKPT, "seed": 1, "prune": {"method": "dsp", "types": types, "optim": {"lr": 0.001}, "joint": True}}
+    for name, budget, pct, macs, bleu in (("dsp18", 18, 50.0, 49.0, 29.0), ("dsp36", 36, 0.0, 100.0, 30.5)):
+        config = {**training, "prune": {**training["prune"], "head_budget": budget}}
+        run_dir(tmp_path, name, "prune", {**pruned, "method": "dsp", "head_budget": budget, "control": budget == 36,
+                                          "pct_pruned": pct, "attention_macs_pct": macs, "bleu": bleu}, config=config)
+    run_dir(tmp_path, "fisher", "prune", {**pruned, "method": "fisher", "macs_budget": 0.5, "pct_pruned": 52.78,
+                                          "attention_macs_pct": 47.0, "bleu": 25.0})
+    collection = collect([tmp_path])
+    table = tables.comparison(collection, [50]).set_index("method")
+    # DSP at K = 18 against its control, the same training keeping every head: 29 - 30.5
+    assert table.loc["dsp", "reference"] == "K=all control" and table.loc["dsp", "ΔBLEU@50%"] == pytest.approx(-1.5)
+    assert table.loc["michel", "reference"] == "unpruned"
+    macs = tables.matched_macs(collection)
+    assert len(macs) == 1 and macs["run"].iloc[0].endswith("fisher")
+    row = macs.iloc[0]
+    # at the 47 % of attention MACs fisher reached: michel's curve between (49, 20) and (24, 8): 20 - 2 · 12/25;
+    # DSP's point at 49 % is within 2.5 points of it
+    assert row["attention MACs kept %"] == 47.0 and row["fisher"] == 25.0
+    assert row["michel"] == pytest.approx(20 - 2 * 12 / 25) and row["dsp"] == 29.0
+
+
 def test_markdown_and_latex_text():
     table = pd.DataFrame({"method": ["a_b"], "heads": [3.0], "BLEU@25%": [float("nan")], "ΔBLEU": [-1.234]})
     assert tables.markdown(table).splitlines()[2] == "| a_b | 3 |  | -1.23 |"

@@ -25,9 +25,10 @@ SCORING_KEYS = ("data.name", "data.src_lang", "data.tgt_lang", "split", "generat
 SKIPPED_VERBS = ("report", "data")  # they write no results of their own
 # what a train run's seed does not change: runs of checkpoints with the same recipe differ by the seed only
 RECIPE_KEYS = ("data", "model", "optim", "average_last", "head_mask")
-# what a Voita run's control (λ = 0) shares with it: the same extra training, without the penalty
-CONTROL_KEYS = ("ckpt", "seed", "split", "prune.types", "prune.optim", "prune.l0_normalize", "prune.gate_init",
-                "prune.freeze_decoder")
+# what a trained run's control (Voita: λ = 0; DSP: K = every head) shares with it: the same extra training,
+# without the pressure to prune
+CONTROL_KEYS = ("ckpt", "seed", "split", "prune.method", "prune.types", "prune.optim", "prune.l0_normalize",
+                "prune.gate_init", "prune.freeze_decoder", "prune.joint")
 
 
 @dataclass

@@ -67,24 +67,37 @@ def cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------------------------- comparison
-POINT_COLUMNS = ["run", *GROUP, "method", "pct_pruned", "bleu", "bleu_unpruned", "recipe", "train_seed", "seed",
-                 *SCORING_KEYS]
+POINT_COLUMNS = ["run", *GROUP, "method", "pct_pruned", "attention_macs_pct", "macs_budget", "bleu", "bleu_unpruned",
+                 "recipe", "train_seed", "seed", *SCORING_KEYS]
+MATCH_MACS = 2.5  # a single run measured within this many points of attention MACs kept is "at" that level
+
+
+CONTROLS = {"voita": "λ=0 control", "dsp": "K=all control"}  # the methods that train, and their control's name
+
+
+def is_control(runs: pd.DataFrame) -> pd.Series:
+    """The runs that are some trained run's control: Voita at λ = 0 (no head budget), DSP keeping every head."""
+    method = runs["method"] if "method" in runs else pd.Series(None, index=runs.index)
+    prune = runs["verb"] == "prune"
+    voita = prune & (method == "voita") & (runs.get("l0_lambda", pd.Series(None, index=runs.index)).astype(float) == 0)
+    if "head_budget" in runs:
+        voita &= runs["head_budget"].isna() | (method != "voita")
+    dsp = prune & (method == "dsp") & runs.get("control", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
+    return voita | dsp
 
 
 def with_controls(runs: pd.DataFrame) -> pd.DataFrame:
-    """Voita runs with their control: the run of the same extra training (same checkpoint, seed, schedule and
-    gated types) at λ = 0. Adds bleu_control, control_run and control_path (blank where no control ran)."""
+    """Runs of the methods that train with their control: the run of the same extra training (same checkpoint,
+    seed, schedule and pool) without the pruning pressure (CONTROLS). Adds bleu_control, control_run and
+    control_path (blank where no control ran)."""
     runs = runs.copy()
     runs["bleu_control"] = float("nan")
     for column in ("control_run", "control_path"):
         runs[column] = None
-    if "method" not in runs or "l0_lambda" not in runs:
+    if "method" not in runs or "control_key" not in runs:
         return runs
-    voita = (runs["verb"] == "prune") & (runs["method"] == "voita")
-    budget = runs["head_budget"] if "head_budget" in runs else pd.Series(None, index=runs.index)
-    is_control = voita & (runs["l0_lambda"].astype(float) == 0) & budget.isna()
-    controls = runs[is_control].drop_duplicates("control_key").set_index("control_key")
-    for i in runs.index[voita]:
+    controls = runs[is_control(runs)].drop_duplicates("control_key").set_index("control_key")
+    for i in runs.index[(runs["verb"] == "prune") & runs["method"].isin(list(CONTROLS))]:
         key = runs.at[i, "control_key"]
         if key in controls.index:
             runs.at[i, "bleu_control"] = float(controls.at[key, "bleu"])
@@ -115,7 +128,7 @@ def pruning_points(collection: Collection) -> pd.DataFrame:
         single = single.reindex(columns=POINT_COLUMNS + ["path", "bleu_control", "control_path"])
         controlled = single["bleu_control"].notna()
         single["hyp"] = "pruned"
-        single["reference"] = ["λ=0 control" if c else "unpruned" for c in controlled]
+        single["reference"] = [CONTROLS.get(m, "control") if c else "unpruned" for m, c in zip(single["method"], controlled)]
         single["bleu_reference"] = single["bleu_control"].where(controlled, single["bleu_unpruned"])
         single["reference_path"] = single["control_path"].where(controlled, single["path"])
         single["reference_hyp"] = ["pruned" if c else "unpruned" for c in controlled]
@@ -143,9 +156,9 @@ def check_comparable(points: pd.DataFrame, group_by: list[str]) -> None:
                                 f"them apart, or add group_by=[{setting}] for one table each")
 
 
-def interpolate(points: pd.DataFrame, targets: list[float], value: str = "bleu") -> list[float]:
-    """`value` at each target % pruned, linear between measured points; NaN outside the measured range."""
-    by_pct = points.groupby("pct_pruned")[value].mean().sort_index()
+def interpolate(points: pd.DataFrame, targets: list[float], value: str = "bleu", axis: str = "pct_pruned") -> list[float]:
+    """`value` at each target of `axis` (% pruned), linear between measured points; NaN outside the measured range."""
+    by_pct = points.groupby(axis)[value].mean().sort_index()
     x, y = by_pct.index.to_numpy(float), by_pct.to_numpy(float)
     return [float(np.interp(t, x, y)) if x.min() <= t <= x.max() else float("nan") for t in targets]
 
@@ -240,6 +253,31 @@ def pairwise(collection: Collection, sparsity: list[float], group_by: list[str],
                                  "bleu": float(at[first]["bleu"]), "bleu_versus": float(at[second]["bleu"]),
                                  "difference": test["delta"], "p_value": test["p_value"],
                                  "significant": test["significant"]})
+    return pd.DataFrame(rows)
+
+
+def matched_macs(collection: Collection, group_by: list[str] = ()) -> pd.DataFrame:
+    """Every run pruned to a MACs budget (fisher) against the other methods on the same model and pool at the
+    attention MACs it reached: a curve's BLEU interpolated there, a single run's where it is within MATCH_MACS
+    points of it. One row per budgeted run, one BLEU column per method."""
+    points = pruning_points(collection)
+    if points.empty or points["macs_budget"].isna().all():
+        return pd.DataFrame()
+    points = points.dropna(subset=["attention_macs_pct"]).astype({"attention_macs_pct": float})
+    rows = []
+    for key, group in points.groupby(GROUP + list(group_by), dropna=False, sort=False):
+        budgeted = group[group["macs_budget"].notna()]
+        for point in budgeted.itertuples():
+            macs = point.attention_macs_pct
+            row = {**dict(zip(GROUP + list(group_by), key)), "run": point.run, "macs_budget": point.macs_budget,
+                   "attention MACs kept %": macs, point.method: point.bleu}
+            for method, others in group[group["run"] != point.run].groupby("method", sort=False):
+                if others["run"].nunique() == 1 and len(others) > 1:  # a curve
+                    row.setdefault(method, interpolate(others, [macs], axis="attention_macs_pct")[0])
+                else:
+                    near = others[(others["attention_macs_pct"] - macs).abs() <= MATCH_MACS]
+                    row.setdefault(method, float(near["bleu"].mean()) if len(near) else float("nan"))
+            rows.append(row)
     return pd.DataFrame(rows)
 
 

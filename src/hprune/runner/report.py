@@ -149,8 +149,14 @@ def report_runs(cfg: DictConfig) -> dict:
                if sig.resamples else "")
     report.table("comparison", f"Pruning methods at matched sparsity ({', '.join(f'{s:g}' for s in sparsity)} % of "
                  "the pooled heads; BLEU interpolated between measured points, blank outside them; ΔBLEU against the "
-                 f"reference: the unpruned model, or a trained method's λ = 0 control{testing})",
+                 "reference: the unpruned model, a fine-tuned curve's fine-tuning control, a trained method's control "
+                 f"(Voita: λ = 0; DSP: K = every head){testing})",
                  comparison, tables.marked(comparison) if not comparison.empty else None)
+    macs = tables.matched_macs(collection, group_by)
+    if not macs.empty:
+        macs.insert(0, "model", macs.pop("checkpoint").map(_model_label))
+    report.table("matched_macs", "Runs pruned to a MACs budget against the other methods at the attention MACs they "
+                 f"reached (BLEU; curves interpolated, single runs within {tables.MATCH_MACS:g} points)", macs)
     pairs = tables.pairwise(collection, sparsity, group_by, tests)
     if not pairs.empty:
         pairs.insert(0, "model", pairs.pop("checkpoint").map(_model_label))
