@@ -79,7 +79,7 @@ def dsp(start, cfg: DictConfig, out: Path) -> dict:
     unpruned = start.evaluate(None, max_tokens)
     translations.save(out, "unpruned", unpruned)
 
-    selecting = trained.train(start, cfg, selection_options(p), out, "subset selection")
+    selecting, seconds = trained.train(start, cfg, selection_options(p), out, "subset selection")
     logits = logit_table(selecting.model)
     bleu_selector = selecting.translate()[1]["bleu"]  # eval mode: the hard top-K
     closed = {(r.type, r.layer, r.head) for r in logits.itertuples() if not r.kept}
@@ -87,7 +87,7 @@ def dsp(start, cfg: DictConfig, out: Path) -> dict:
     write_atomic(out / "dsp_logits.csv", logits.to_csv(index=False))
     plots.head_heatmaps(logits, "logit", out / "dsp_logits.png", f"DSP logits, K = {p.head_budget}")
     metrics = {
-        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned),
+        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
         "head_budget": p.head_budget, "joint": p.joint, "straight_through": p.straight_through,
         "temperature_initial": float(p.temperature[0]), "temperature_final": float(p.temperature[1]),
         "cooldown": p.cooldown, "pruning_lr": p.pruning_lr, "bleu_selector": bleu_selector,

@@ -3,6 +3,7 @@
 every such run reports, and the options after it: fine-tuning with the mask fixed, and the physical export."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -13,12 +14,14 @@ from ..pruning.heads import kept_columns, mask_without
 
 
 def train(start, cfg: DictConfig, options: list, out: Path, label: str):
-    """fairseq-train from start's checkpoint with the hprune criterion, `options` and prune.optim; the trained
-    model, reopened on start's data (its gates still in)."""
+    """fairseq-train from start's checkpoint with the hprune criterion, `options` and prune.optim: the trained
+    model, reopened on start's data (its gates still in), and the seconds the training took (this process's
+    share, if it resumed)."""
     save = out / "checkpoints"
     argv = start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
+    started = time.perf_counter()
     backend.train(argv, script=out / "fairseq-train.sh", label=label)
-    return start.reopen(save / "checkpoint_last.pt")
+    return start.reopen(save / "checkpoint_last.pt"), round(time.perf_counter() - started, 3)
 
 
 def read_out(trained, closed: set, max_tokens: int, out: Path):
@@ -32,10 +35,13 @@ def read_out(trained, closed: set, max_tokens: int, out: Path):
     return mask, result
 
 
-def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: dict, unpruned: dict) -> dict:
+def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: dict, unpruned: dict,
+            seconds: float) -> dict:
+    """The metrics every trained run reports; `seconds`: the training's (what finding the mask cost)."""
     p = cfg.prune
     return {
         "method": p.method, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
+        "seconds": seconds,
         "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4),
         "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
         "bleu_signature": result["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),

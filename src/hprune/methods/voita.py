@@ -135,7 +135,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     unpruned = start.evaluate(None, max_tokens)
     translations.save(out, "unpruned", unpruned)
 
-    gated = trained.train(start, cfg, gate_options(p), out, "gates")
+    gated, seconds = trained.train(start, cfg, gate_options(p), out, "gates")
     gates = gate_table(gated.model)
     bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
     closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.kept}
@@ -150,7 +150,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
         plots.line(alive, "num_updates", ["kept_heads", "alive_heads", "open_heads"], out / "alive_heads.png",
                    "gated heads over training: kept (gate > 0), alive (P(open) > 0.5), expected open")
     metrics = {
-        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned),
+        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
         "l0_lambda": p.l0_lambda if p.head_budget is None else None, "l0_normalize": p.l0_normalize, "head_budget": p.head_budget,
         **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
         "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
