@@ -24,13 +24,15 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## the study on the synthetic task: train to convergence, Michel's order against random and confidence on all heads pooled, a Voita λ sweep with its λ = 0 control, head roles, `hprune report`, a summary (about 14 min on 2 cores)
+demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs, a Voita λ sweep with its λ = 0 control, head roles, `hprune report`, a summary (about 14 min on 2 cores)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
-	# Michel et al.: the three attention types pooled, against two other orders; every type removed whole
+	# Michel et al.: the three attention types pooled, against three other orders; every type removed whole
 	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo prune.step_pct=25 \
-		"prune.baselines=[random,confidence]" "prune.ablations=[types]" hydra.run.dir=outputs/demo/prune
+		"prune.baselines=[random,confidence,lrp]" "prune.ablations=[types]" hydra.run.dir=outputs/demo/prune
+	# Kwon et al.: the heads that fit in half the attention MACs, without retraining
+	$(VENV)/bin/hprune prune --method fisher ckpt=outputs/demo prune.macs_budget=0.5 hydra.run.dir=outputs/demo/fisher
 	# Voita et al.: gates on the encoder self-attention; λ = 0 is the control (the same extra training, no penalty)
 	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,1,4 \
 		prune.optim.max_update=400 prune.optim.lr=0.005 hydra.sweep.dir=outputs/demo/voita

@@ -2,8 +2,9 @@
 
     python scripts/demo_summary.py outputs/demo
 
-Reads the report (comparison with significance, pairwise tests, λ table), the whole-type ablation of the
-Michel run, the head roles of the start model and each Voita run's mask. Expected ranges (demo_expected.json
+Reads the report (comparison with significance, pairwise tests, λ table, matched MACs), the whole-type ablation
+of the Michel run, the retraining-free run's stages, the head roles of the start model (and LRP against
+confidence) and each Voita run's mask. Expected ranges (demo_expected.json
 beside this script) are the spread measured over seeds; a value outside its range is flagged, not an error.
 """
 from __future__ import annotations
@@ -60,10 +61,29 @@ def main(demo: Path) -> None:
         found[f"michel_beats_random_{sparsity:g}"] = bool(verdict == "beats")
     print(f"removing all encoder self-attention costs {found['enc_self_removed_drop']:.2f} BLEU; most sensitive "
           f"type: {found['most_sensitive_type']} (every head of one type removed, ablation_types.csv)")
+    fisher = json.loads((demo / "fisher" / "metrics.json").read_text())
+    stages = pd.read_csv(demo / "fisher" / "stages.csv")
+    found["fisher_seconds"] = fisher["seconds"]
+    print(f"Kwon et al. (fisher), half the attention MACs: {fisher['kept_heads']} of {fisher['heads_pool']} heads, "
+          f"{fisher['attention_macs_pct']:g} % of the MACs in the cost model, "
+          f"{100 * fisher['attention_macs_per_token_pruned'] / fisher['attention_macs_per_token_unpruned']:.1f} % "
+          f"counted on the pruned export; {fisher['seconds']:.1f} s, no retraining; BLEU by stage: "
+          + ", ".join(f"{r.stage} {r.bleu:.2f}" for r in stages.itertuples()))
+    matched = demo / "report" / "matched_macs.csv"
+    if matched.exists():
+        row = pd.read_csv(matched).iloc[0]
+        others = [c for c in row.index if c not in ("model", "types", "run", "macs_budget", "attention MACs kept %",
+                                                     "fisher") and pd.notna(row[c])]
+        print(f"  at the same {row['attention MACs kept %']:g} % of the attention MACs: fisher {row['fisher']:.2f}, "
+              + ", ".join(f"{c} {row[c]:.2f}" for c in others) + " (curves interpolated)")
     print(f"the λ = 0 control changed BLEU by {found['control_change']:+.2f} (continued training alone)")
     print(f"head roles on the start model: {analyzed['positional_heads']} positional, {analyzed['syntactic_heads']} "
           f"syntactic, {analyzed['rare_heads']} rare-token of 12 encoder self-attention heads "
           f"({share_all:.0%} have a role)")
+    if "lrp_confidence_spearman_all" in analyzed:
+        found["lrp_confidence_spearman"] = analyzed["lrp_confidence_spearman_all"]
+        print(f"LRP relevance vs confidence (Voita et al. §4), Spearman's rank correlation over all 36 heads: "
+              f"{analyzed['lrp_confidence_spearman_all']:+.2f}")
     for row in survival:
         print(f"  λ = {row['λ']:g}: {row['kept']} heads kept, {row['role heads kept']} with a role "
               f"({row['share among kept']:.0%})")
