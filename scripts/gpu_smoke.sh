@@ -3,7 +3,9 @@
 # in bf16 and in fp16, evaluated with beam search, with training tokens/s printed next to stock fairseq-train's
 # (same dimensions, data and flags, `--arch transformer`), then a Michel pruning curve with physical export;
 # then a stock fairseq Transformer checkpoint evaluated by hprune in both precisions, then MoA (8 of 16 experts)
-# trained and evaluated in both precisions, then an imported tiny Marian (OPUS-MT) model in fp32 and bf16.
+# trained and evaluated in both precisions, then an imported tiny Marian (OPUS-MT) model in fp32 and bf16, then
+# the methods that came after the papers on the bf16 model: LRP relevance, DSP (exactly 24 heads) and Kwon et
+# al.'s retraining-free pruning (the MACs reached, counted on the export).
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,4 +77,23 @@ from pathlib import Path
 runs = Path(sys.argv[1])
 fp32, bf16 = ((runs / f"eval-{p}" / "hypotheses.test.txt").read_text().splitlines() for p in ("fp32", "bf16"))
 print(f"imported Marian: bf16 translations identical to fp32 for {sum(a == b for a, b in zip(fp32, bf16))}/{len(fp32)}")
+PY
+
+# LRP, DSP and Kwon et al.'s search on the bf16 transformer_base-sized model, in bf16 on the GPU
+run="$OUT/runs/bf16"
+"$PY" -m hprune_cli.main prune --method lrp ckpt="$run" device=cuda precision=bf16 prune.step_pct=50 \
+    prune.importance.max_batches=4 hydra.run.dir="$run/lrp" | tail -n 3
+"$PY" -m hprune_cli.main prune --method dsp ckpt="$run" device=cuda precision=bf16 prune.head_budget=72 \
+    prune.optim.max_update=100 prune.cooldown=60 hydra.run.dir="$run/dsp" | tail -n 1
+"$PY" -m hprune_cli.main prune --method fisher ckpt="$run" device=cuda precision=bf16 prune.macs_budget=0.5 \
+    hydra.run.dir="$run/fisher" | tail -n 2
+"$PY" - "$run" <<'PY'
+import json, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+dsp, fisher = (json.loads((run / name / "metrics.json").read_text()) for name in ("dsp", "fisher"))
+counted = fisher["attention_macs_per_token_pruned"] / fisher["attention_macs_per_token_unpruned"]
+print(f"dsp: {dsp['kept_heads']} of {dsp['heads_pool']} heads kept (asked 72), BLEU {dsp['bleu']:.2f} in {dsp['seconds']:.0f} s; "
+      f"fisher: {fisher['kept_heads']} heads, {100 * counted:.1f} % of the attention MACs counted (budget 50 %), "
+      f"BLEU {fisher['bleu']:.2f} in {fisher['seconds']:.1f} s")
 PY

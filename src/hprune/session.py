@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from . import backend
 from .data.prepare import bind, prepare, test_set_of
 from .errors import UserError
-from .flops import macs_per_token
+from .flops import macs_per_token, mask_macs, unit_costs
 from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
@@ -203,15 +203,18 @@ class Session:
                          **load_summary(load))
         return costs, load
 
-    def attention_macs_pct(self, mask: Mask, types) -> float:
-        """Attention MACs per target token of the sublayers of `types` under `mask`, as a percentage of those
-        of every head the model has now (counted once per session, flops.unit_costs)."""
-        from .flops import mask_macs, unit_costs
-
+    def unit_costs(self) -> dict:
+        """What each attention sublayer's heads cost in MACs per target token (flops.unit_costs), counted once
+        per session on a batch of loss_split, with the heads the model has now."""
         if self._unit_costs is None:
             self._unit_costs = unit_costs(self.model, next(self.batches(self.cfg.loss_split, EVAL_MAX_TOKENS, 1)))
-        full = mask_macs(self._unit_costs, self.unpruned_mask(), types)
-        return round(100 * mask_macs(self._unit_costs, mask, types) / full, 2) if full else 0.0
+        return self._unit_costs
+
+    def attention_macs_pct(self, mask: Mask, types) -> float:
+        """Attention MACs per target token of the sublayers of `types` under `mask`, as a percentage of those
+        of every head the model has now."""
+        full = mask_macs(self.unit_costs(), self.unpruned_mask(), types)
+        return round(100 * mask_macs(self.unit_costs(), mask, types) / full, 2) if full else 0.0
 
     # ---------------------------------------------------------------------------------------- changing
     def finetune(self, mask: Optional[Mask], updates: int, lr: float, max_tokens: int, seed: int) -> None:

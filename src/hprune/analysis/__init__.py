@@ -1,1 +1,1 @@
-"""Head-role analysis (Voita et al.): what each attention head does."""
+"""What each attention head does and how much it carries: head roles and LRP relevance (Voita et al.), MoA expert load."""

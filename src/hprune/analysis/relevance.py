@@ -23,6 +23,7 @@ numbers.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -310,7 +311,8 @@ def propagate(model, src: Tensor, prev: Tensor) -> Trace:
     if getattr(projection, "bias", None) is not None:
         z = z + (projection.bias[chosen] / final.size(-1)).unsqueeze(-1)
     relevance = final.new_zeros(steps, steps, final.size(-1))
-    relevance[torch.arange(steps), torch.arange(steps)] = lrp.transition(z.unsqueeze(1)).squeeze(1)
+    diagonal = torch.arange(steps, device=final.device)
+    relevance[diagonal, diagonal] = lrp.transition(z.unsqueeze(1)).squeeze(1)
     relevance = lrp.conserve(torch.ones(steps, 1, 1, device=z.device, dtype=z.dtype), relevance, dims=(-2, -1))
 
     trace = Trace()
@@ -342,7 +344,10 @@ def sentences(batches: Iterable[dict], pad: int) -> Iterable[Tuple[Tensor, Tenso
 
 def head_relevance(model, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFrame, int]:
     """Mean relevance per target token of every head present (type, layer, head, importance: the share of a
-    prediction's relevance through the head), and the number of target tokens it was averaged over."""
+    prediction's relevance through the head), and the number of target tokens it was averaged over. A model in
+    fp16 or bf16 is propagated in an fp32 copy (ε = 1e-5 is below their resolution)."""
+    if any(p.dtype not in (torch.float32, torch.float64) for p in model.parameters()):
+        model = copy.deepcopy(model).float()
     model.eval()
     totals: Dict[Tuple[str, int], Tensor] = {}
     tokens = 0

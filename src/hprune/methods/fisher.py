@@ -38,7 +38,7 @@ from .. import translations
 from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..errors import UserError
 from ..files import write_atomic, write_json
-from ..flops import mask_macs, unit_costs
+from ..flops import mask_macs
 from ..pruning.heads import Head, kept_columns, mask_without, present_heads
 from ..pruning.scores import mask_gradients
 from . import register_method
@@ -215,7 +215,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     batches = list(session.batches(c.split, None, math.ceil(c.sentences / c.batch_size), cfg.seed, c.batch_size))
     seconds = {"calibration": time.perf_counter() - started}
     pool = _pool(model, types)
-    costs = unit_costs(model, next(session.batches(cfg.loss_split, EVAL_MAX_TOKENS, 1)))
+    costs = session.unit_costs()
     base = mask_macs(costs, session.unpruned_mask(), types)
     unpruned = session.evaluate(None, EVAL_MAX_TOKENS)
     translations.save(out, "unpruned", unpruned)
@@ -241,7 +241,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         stage_mask = mask_without(model, pool - heads_kept)
         results[stage] = session.evaluate(stage_mask, EVAL_MAX_TOKENS)
         translations.save(out, stage, results[stage])
-        stages.append(_stage_row(stage, stage_mask, results[stage], unpruned, costs, base, types))
+        stages.append(_stage_row(session, stage, stage_mask, results[stage], unpruned, types))
     scales, stopped = {}, "off"
     if p.tune:
         started = time.perf_counter()
@@ -249,7 +249,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
                                p.tune_max_scale)
         seconds["tune"] = time.perf_counter() - started
         results["tuned"] = session.evaluate(mask, EVAL_MAX_TOKENS)
-        stages.append(_stage_row("tuned", mask, results["tuned"], unpruned, costs, base, types))
+        stages.append(_stage_row(session, "tuned", mask, results["tuned"], unpruned, types))
     result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
     translations.save(out, "pruned", result)
 
@@ -272,7 +272,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         "heads_pool": len(pool), "heads_pruned": len(pool - final), "kept_heads": len(final),
         "pct_pruned": round(100 * len(pool - final) / len(pool), 2), **kept_columns(mask),
         "attention_macs_pool": round(base), "attention_macs_kept": round(macs),
-        "attention_macs_pct": round(100 * macs / base, 2),
+        "attention_macs_pct": session.attention_macs_pct(mask, types),
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
@@ -283,10 +283,9 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     return metrics
 
 
-def _stage_row(stage: str, mask: dict, result: dict, unpruned: dict, costs, base: float, types) -> dict:
-    macs = mask_macs(costs, mask, types)
+def _stage_row(session, stage: str, mask: dict, result: dict, unpruned: dict, types) -> dict:
     return {"stage": stage, "kept_heads": sum(sum(map(sum, mask[kind])) for kind in types),
-            "attention_macs_pct": round(100 * macs / base, 2), "bleu": result["bleu"],
+            "attention_macs_pct": session.attention_macs_pct(mask, types), "bleu": result["bleu"],
             "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "valid_loss": result["valid_loss"]}
 
 
