@@ -11,7 +11,7 @@ import yaml
 from conftest import hprune
 from hprune.errors import UserError
 from hprune.reporting import tables
-from hprune.reporting.collect import collect
+from hprune.reporting.collect import collect, run_dirs
 
 CKPT = "/runs/base/checkpoints/checkpoint_best.pt"
 
@@ -99,6 +99,13 @@ def test_dsp_against_its_control_and_a_budgeted_run_at_matched_macs(tmp_path):
     # DSP's point at 49 % is within 2.5 points of it
     assert row["attention MACs kept %"] == 47.0 and row["fisher"] == 25.0
     assert row["michel"] == pytest.approx(20 - 2 * 12 / 25) and row["dsp"] == 29.0
+
+
+def test_numbered_and_named_folders_side_by_side(tmp_path):
+    """Sweep jobs (1, 2, 10) next to a named folder at the same depth: numbers in numeric order, then names."""
+    for name in ("10", "2", "report", "1"):
+        run_dir(tmp_path, name, "eval", {"verb": "eval", "bleu": 1.0})
+    assert [p.name for p in run_dirs([tmp_path])] == ["1", "2", "10", "report"]
 
 
 def test_markdown_and_latex_text():

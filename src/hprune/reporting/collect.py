@@ -56,7 +56,8 @@ def run_dirs(roots: list[Path]) -> list[Path]:
             raise UserError(f"{root} is not a folder; pass the folder(s) holding hprune run dirs, e.g. "
                             "`hprune report outputs/`")
         found |= {config.parent.parent for config in root.rglob(".hydra/config.yaml")}
-    return sorted(found, key=lambda p: [int(part) if part.isdigit() else part for part in p.parts])
+    # numbered job folders in numeric order; a number sorts before a name at the same depth (1, 2, ..., report)
+    return sorted(found, key=lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.parts])
 
 
 def _label(run: Path, roots: list[Path]) -> str:
