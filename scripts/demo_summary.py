@@ -53,7 +53,8 @@ def main(demo: Path) -> None:
 
     print("\n== hprune demo: summary")
     print((demo / "report" / "comparison.md").read_text(), end="")
-    print("* : p < 0.05 against the reference: the unpruned model, for Voita the λ = 0 control (paired bootstrap, sacreBLEU)")
+    print("* : p < 0.05 against the reference: the unpruned model; for Voita's gates the λ = 0 control (paired "
+          "bootstrap, sacreBLEU)")
     for sparsity, row in michel_vs_random.iterrows():
         verdict = "beats" if row["difference"] < 0 and row["significant"] else "does not beat"
         print(f"at {sparsity:g} % pruned, Michel's order {verdict} random: BLEU {row['bleu']:.2f} vs "
