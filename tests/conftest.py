@@ -1,11 +1,13 @@
 """Shared fixtures: a small synthetic data set and one small trained run, built once per session."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import io
 import json
 import os
+import shutil
 import subprocess as sp
 import sys
 import tempfile
@@ -25,6 +27,7 @@ STORE_WITHOUT_FAIRSEQ = copy.deepcopy(ConfigStore.instance().repo)
 
 # sacreBLEU reads $SACREBLEU once, at import: point it at a private cache before anything imports it.
 os.environ["SACREBLEU"] = tempfile.mkdtemp(prefix="hprune-sacrebleu-")
+atexit.register(shutil.rmtree, os.environ["SACREBLEU"], ignore_errors=True)  # not left behind in /tmp
 ROOT = Path(__file__).resolve().parents[1]
 HPRUNE = [sys.executable, "-m", "hprune_cli.main"]
 # A small corpus and a short schedule: the pipeline, not the translation quality, is under test here.
