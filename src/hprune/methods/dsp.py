@@ -20,11 +20,11 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from .. import backend, translations
-from ..attention_types import ATTENTION_TYPES, check_attention_types
+from .. import backend
+from ..attention_types import check_attention_types
 from ..errors import UserError
 from ..files import write_atomic
-from ..pruning.heads import present_heads
+from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
 from . import register_method, trained
 
@@ -71,19 +71,16 @@ def logit_table(model) -> pd.DataFrame:
 def dsp(start, cfg: DictConfig, out: Path) -> dict:
     """Li et al. 2021: a Gumbel soft top-K over learned head logits keeps exactly K heads."""
     p = cfg.prune
-    pool = {head for head in present_heads(start.model) if head[0] in p.types}
+    pool = pool_of(start.model, p.types)
     if p.head_budget > len(pool):
         raise UserError(f"prune.head_budget={p.head_budget} is more heads than {', '.join(p.types)} has "
                         f"({len(pool)}); use 1..{len(pool)} ({len(pool)}: the control, nothing selected)")
-    max_tokens = p.optim.max_tokens
-    unpruned = start.evaluate(None, max_tokens)
-    translations.save(out, "unpruned", unpruned)
+    pool, unpruned = trained.unpruned(start, cfg, out)
 
     selecting, seconds = trained.train(start, cfg, selection_options(p), out, "subset selection")
     logits = logit_table(selecting.model)
     bleu_selector = selecting.translate()[1]["bleu"]  # eval mode: the hard top-K
-    closed = {(r.type, r.layer, r.head) for r in logits.itertuples() if not r.kept}
-    mask, pruned = trained.read_out(selecting, closed, max_tokens, out)
+    closed, mask, pruned = trained.read_out(selecting, logits, p.optim.max_tokens, out)
     write_atomic(out / "dsp_logits.csv", logits.to_csv(index=False))
     plots.head_heatmaps(logits, "logit", out / "dsp_logits.png", f"DSP logits, K = {p.head_budget}")
     metrics = {
@@ -99,9 +96,8 @@ def dsp(start, cfg: DictConfig, out: Path) -> dict:
 
 
 def summary(m: dict) -> str:
-    per_type = ", ".join(f"{k} {m['kept_' + k.replace('-', '_')]}" for k in ATTENTION_TYPES)
     mode = "straight-through" if m["straight_through"] else f"τ {m['temperature_initial']:g} -> {m['temperature_final']:g}"
     lines = [f"DSP K={m['head_budget']} ({'joint' if m['joint'] else 'logits only'}, {mode}): {m['kept_heads']} of "
-             f"{m['heads_pool']} heads kept ({per_type}); BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs the start)"
+             f"{m['heads_pool']} heads kept ({describe_kept(m)}); BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs the start)"
              + (" [the control: nothing selected]" if m["control"] else "")]
     return "\n".join(lines + trained.export_lines(m))

@@ -35,13 +35,13 @@ import torch
 from omegaconf import DictConfig
 
 from .. import translations
-from ..attention_types import ATTENTION_TYPES, check_attention_types
+from ..attention_types import check_attention_types
 from ..errors import UserError
 from ..files import write_atomic, write_json
 from ..flops import mask_macs
-from ..pruning.heads import Head, kept_columns, mask_without, present_heads
+from ..pruning.heads import Head, describe_kept, mask_without, pool_of
 from ..pruning.scores import mask_gradients
-from . import register_method
+from . import register_method, trained
 
 log = logging.getLogger(__name__)
 EVAL_MAX_TOKENS = 4096
@@ -60,20 +60,16 @@ def check_settings(p: DictConfig) -> None:
 
 
 # --------------------------------------------------------------------------------------------- search
-def search(order: List[Head], budget: float, costs, types, model) -> set:
-    """The longest prefix of `order` (most important first) whose attention MACs fit in `budget` (MACs per
-    target token): the heads kept."""
+def search(order: List[Head], budget: float, costs, types, model, pool: set) -> set:
+    """The longest prefix of `order` (most important first, heads of `pool`) whose attention MACs fit in
+    `budget` (MACs per target token): the heads kept."""
     kept: set = set()
     for head in order:
         trial = kept | {head}
-        if mask_macs(costs, mask_without(model, _pool(model, types) - trial), types) > budget + 1e-9:
+        if mask_macs(costs, mask_without(model, pool - trial), types) > budget + 1e-9:
             break
         kept = trial
     return kept
-
-
-def _pool(model, types) -> set:
-    return {h for h in present_heads(model) if h[0] in types}
 
 
 def rearrange(kept: set, heads: List[Head], grads: torch.Tensor, types) -> set:
@@ -214,7 +210,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     started = time.perf_counter()  # the calibration data first: a missing or empty split stops before any output
     batches = list(session.batches(c.split, None, math.ceil(c.sentences / c.batch_size), cfg.seed, c.batch_size))
     seconds = {"calibration": time.perf_counter() - started}
-    pool = _pool(model, types)
+    pool = pool_of(model, types)
     costs = session.unit_costs()
     base = mask_macs(costs, session.unpruned_mask(), types)
     unpruned = session.evaluate(None, EVAL_MAX_TOKENS)
@@ -226,8 +222,8 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     seconds["fisher"] = time.perf_counter() - started
     order = [heads[i] for i in sorted(range(len(heads)), key=lambda i: (-float(importance[i]), i)) if heads[i] in pool]
     started = time.perf_counter()
-    kept = {"search": search(order, p.macs_budget * base, costs, types, model)}
-    teacher_kept = search(order, math.sqrt(p.macs_budget) * base, costs, types, model)
+    kept = {"search": search(order, p.macs_budget * base, costs, types, model, pool)}
+    teacher_kept = search(order, math.sqrt(p.macs_budget) * base, costs, types, model, pool)
     seconds["search"] = time.perf_counter() - started
     if p.rearrange:
         started = time.perf_counter()
@@ -265,14 +261,9 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         "method": "fisher", "split": cfg.split, "types": types, "macs_budget": p.macs_budget,
         "calibration_split": c.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
         "rearrange": p.rearrange, "tune": p.tune, "tuning": stopped,
-        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4),
-        "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
-        "bleu_signature": result["bleu_signature"],
+        **trained.outcome(session, types, pool, pool - final, mask, result, unpruned),
         **{f"bleu_{stage}": results[stage]["bleu"] for stage in results},
-        "heads_pool": len(pool), "heads_pruned": len(pool - final), "kept_heads": len(final),
-        "pct_pruned": round(100 * len(pool - final) / len(pool), 2), **kept_columns(mask),
         "attention_macs_pool": round(base), "attention_macs_kept": round(macs),
-        "attention_macs_pct": session.attention_macs_pct(mask, types),
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
@@ -290,8 +281,7 @@ def _stage_row(session, stage: str, mask: dict, result: dict, unpruned: dict, ty
 
 
 def summary(m: dict) -> str:
-    per_type = ", ".join(f"{k} {m['kept_' + k.replace('-', '_')]}" for k in ATTENTION_TYPES)
-    lines = [f"MACs budget {m['macs_budget']:g}: {m['kept_heads']} of {m['heads_pool']} heads kept ({per_type}), "
+    lines = [f"MACs budget {m['macs_budget']:g}: {m['kept_heads']} of {m['heads_pool']} heads kept ({describe_kept(m)}), "
              f"{m['attention_macs_pct']:g} % of the attention MACs; BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs "
              f"unpruned) in {m['seconds']:.1f} s without retraining (tuning: {m['tuning']})"]
     if "export_checkpoint" in m:

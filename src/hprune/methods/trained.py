@@ -1,16 +1,18 @@
 """What the methods that train share (Voita's gates, DSP): continuing a checkpoint's training with fairseq-train
 (so the same command resumes an interrupted run), reading the trained gates out as a head mask, the metrics
-every such run reports, and the options after it: fine-tuning with the mask fixed, and the physical export."""
+every such run reports, and the options after it: fine-tuning with the mask fixed, and the physical export.
+`outcome`, the mask's and its evaluation's metrics, serves every procedure (fisher's too)."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import DictConfig
 
 from .. import backend, translations
 from ..files import write_json
-from ..pruning.heads import kept_columns, mask_without
+from ..pruning.heads import kept_columns, mask_without, pool_of
 
 
 def train(start, cfg: DictConfig, options: list, out: Path, label: str):
@@ -24,15 +26,35 @@ def train(start, cfg: DictConfig, options: list, out: Path, label: str):
     return start.reopen(save / "checkpoint_last.pt"), round(time.perf_counter() - started, 3)
 
 
-def read_out(trained, closed: set, max_tokens: int, out: Path):
+def unpruned(start, cfg: DictConfig, out: Path) -> tuple:
+    """The pool of prune.types' heads and the start's evaluation (its translations saved), before any training."""
+    result = start.evaluate(None, cfg.prune.optim.max_tokens)
+    translations.save(out, "unpruned", result)
+    return pool_of(start.model, cfg.prune.types), result
+
+
+def read_out(trained, table: pd.DataFrame, max_tokens: int, out: Path):
     """Fold the gates into the weights (the ungated model computes what the gated one did in eval mode), mask the
-    `closed` heads, and evaluate: (mask, evaluation); head_mask.json and the translations written."""
+    heads the read-out `table` (type, layer, head, kept) closes, and evaluate: (closed heads, mask, evaluation);
+    head_mask.json and the translations written."""
+    closed = {(r.type, r.layer, r.head) for r in table.itertuples() if not r.kept}
     trained.model.fold_gates()
     mask = mask_without(trained.model, closed)
     result = trained.evaluate(mask, max_tokens)
     translations.save(out, "pruned", result)
     write_json(out / "head_mask.json", mask)
-    return mask, result
+    return closed, mask, result
+
+
+def outcome(session, types, pool: set, closed: set, mask: dict, result: dict, unpruned: dict) -> dict:
+    """The metrics of a procedure's mask and of its evaluation against the unpruned model's."""
+    return {
+        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4),
+        "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
+        "bleu_signature": result["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
+        "kept_heads": len(pool) - len(closed), "pct_pruned": round(100 * len(closed) / len(pool), 2),
+        **kept_columns(mask), "attention_macs_pct": session.attention_macs_pct(mask, list(types)),
+    }
 
 
 def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: dict, unpruned: dict,
@@ -41,13 +63,7 @@ def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: 
     p = cfg.prune
     return {
         "method": p.method, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
-        "seconds": seconds,
-        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4),
-        "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
-        "bleu_signature": result["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
-        "kept_heads": len(pool) - len(closed), "pct_pruned": round(100 * len(closed) / len(pool), 2),
-        **kept_columns(mask), "attention_macs_pct": start.attention_macs_pct(mask, list(p.types)),
-        **start.provenance(),
+        "seconds": seconds, **outcome(start, p.types, pool, closed, mask, result, unpruned), **start.provenance(),
     }
 
 

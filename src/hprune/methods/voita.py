@@ -17,10 +17,10 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from .. import backend, translations
-from ..attention_types import ATTENTION_TYPES, check_attention_types
+from ..attention_types import check_attention_types
 from ..errors import UserError
 from ..files import write_atomic
-from ..pruning.heads import present_heads
+from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from . import register_method, trained
@@ -129,17 +129,13 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
     p = cfg.prune
     recipe = training_recipe(start.checkpoint) if p.from_scratch else None
-    pool = {head for head in present_heads(start.model) if head[0] in p.types}
-    check_budget(p, len(pool))
-    max_tokens = p.optim.max_tokens
-    unpruned = start.evaluate(None, max_tokens)
-    translations.save(out, "unpruned", unpruned)
+    check_budget(p, len(pool_of(start.model, p.types)))
+    pool, unpruned = trained.unpruned(start, cfg, out)
 
     gated, seconds = trained.train(start, cfg, gate_options(p), out, "gates")
     gates = gate_table(gated.model)
     bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
-    closed = {(r.type, r.layer, r.head) for r in gates.itertuples() if not r.kept}
-    mask, pruned = trained.read_out(gated, closed, max_tokens, out)
+    closed, mask, pruned = trained.read_out(gated, gates, p.optim.max_tokens, out)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
     plots.head_heatmaps(gates, "gate", out / "gates.png", "deterministic gates, "
@@ -166,11 +162,10 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
 
 
 def summary(m: dict) -> str:
-    per_type = ", ".join(f"{k} {m['kept_' + k.replace('-', '_')]}" for k in ATTENTION_TYPES)
     setting = (f"budget {m['head_budget']} (final λ {m['l0_lambda_final']:.4g})" if m["head_budget"] is not None
                else f"λ={m['l0_lambda']}")
     lines = [f"{setting} ({m['l0_normalize']}): {m['kept_heads']} of {m['heads_pool']} gated heads kept "
-             f"(kept: {per_type}); BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs the start)"]
+             f"(kept: {describe_kept(m)}); BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs the start)"]
     lines += trained.export_lines(m)
     if "bleu_scratch" in m:
         lines.append(f"the same heads trained from scratch ({m['scratch_updates']} updates): BLEU {m['bleu_scratch']:.2f} "

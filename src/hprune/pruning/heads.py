@@ -26,6 +26,12 @@ def present_heads(model) -> List[Head]:
     return [(kind, layer, h) for kind, layer, module in model.attention_modules() for h in module.head_ids]
 
 
+def pool_of(model, types: Iterable[str]) -> Set[Head]:
+    """The heads a method may prune: every present head of the attention `types`."""
+    types = set(types)
+    return {head for head in present_heads(model) if head[0] in types}
+
+
 def moa_types(model) -> Set[str]:
     """The attention types whose layers are MoA layers (their "heads" are experts)."""
     return {kind for kind, _, _ in moa_layers(model)}
@@ -74,6 +80,11 @@ def kept_ids(mask: Mask) -> Dict[str, List[List[int]]]:
 def kept_columns(mask: Mask) -> Dict[str, int]:
     """Alive heads per attention type, as flat metrics/table columns: {"kept_enc_self": 9, ...}."""
     return {f"kept_{kind.replace('-', '_')}": sum(sum(row) for row in rows) for kind, rows in mask.items()}
+
+
+def describe_kept(metrics: dict) -> str:
+    """The kept_columns counts among `metrics` as a summary line's words: "enc-self 9, dec-self 12, dec-enc 12"."""
+    return ", ".join(f"{kind} {metrics['kept_' + kind.replace('-', '_')]}" for kind in ATTENTION_TYPES)
 
 
 def michel_id(head: Head) -> str:

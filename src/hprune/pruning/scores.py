@@ -60,6 +60,12 @@ def _output_gradients(model, criterion, batches: Iterable[dict], per_token_loss:
         model.record_heads()
 
 
+def _mask_gradient_per_token(out: torch.Tensor, grad: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """∂L/∂ξ_h at each real query token, (batch, heads, len): a head mask ξ multiplies the head's output, so its
+    gradient is the output · the output's gradient (0 at padding)."""
+    return (out.float() * grad.float()).sum(-1) * real.unsqueeze(1)
+
+
 def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFrame, Dict[str, int]]:
     """Head importance summed over batches, divided by the non-pad query tokens of its side (source tokens for
     enc-self, target tokens for the decoder's two). Returns the table and the token counts."""
@@ -70,9 +76,7 @@ def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.Data
         for kind, layer, out, grad in recorded:
             if grad is None:  # a head set that cannot reach the loss (all masked)
                 continue
-            per_token = (out.float() * grad.float()).sum(-1)  # (batch, heads, len)
-            per_token = per_token * real[kind].unsqueeze(1)
-            totals[(kind, layer)] += per_token.abs().sum((0, 2)).double().cpu()
+            totals[(kind, layer)] += _mask_gradient_per_token(out, grad, real[kind]).abs().sum((0, 2)).double().cpu()
         for kind in tokens:
             tokens[kind] += int(real[kind].sum())
     if not tokens["enc-self"]:
@@ -96,8 +100,7 @@ def mask_gradients(model, criterion, batches: Iterable[dict], pad: int) -> Tuple
             if grad is None:
                 row.append(torch.zeros(m.num_heads, dtype=torch.float64))
                 continue
-            per_token = (out.float() * grad.float()).sum(-1) * real[kind].unsqueeze(1)
-            row.append(per_token.sum((0, 2)).double().cpu())
+            row.append(_mask_gradient_per_token(out, grad, real[kind]).sum((0, 2)).double().cpu())
         rows.append(torch.cat(row))
     if not rows:
         raise ValueError("no batches: head-mask gradients need at least one sentence")

@@ -32,6 +32,7 @@ from ..pruning.heads import (
     max_prunable,
     michel_id,
     moa_types,
+    pool_of,
     present_heads,
     ranked,
 )
@@ -203,7 +204,7 @@ def prune(cfg: DictConfig) -> dict:
     steps = check_settings(p, orders)
     session = Session.open(cfg)
     model = session.model
-    pool = {head for head in present_heads(model) if head[0] in p.types}
+    pool = pool_of(model, p.types)
     experts = sorted(moa_types(model) & set(p.types))
     needs_maps = [name for name in (p.method, *p.baselines) if get_method(name).needs_head_maps]
     if experts and needs_maps:
