@@ -37,11 +37,11 @@ from torch import Tensor
 
 from hprune.attention_types import ATTENTION_TYPES, check_attention_types
 
+from . import subset
 from .attention import HeadAttention
 from .embeddings import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
 from .gates import HardConcreteGate
 from .moa import MoAAttention
-from .subset import SubsetSelector
 
 
 def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
@@ -159,9 +159,9 @@ class HpruneTransformerModel(TransformerModel):
                             help="Differentiable Subset Pruning: keep exactly K heads of --dsp-types (subset.py)")
         parser.add_argument("--dsp-types", type=str, default=None, metavar="TYPES",
                             help="attention types whose heads DSP selects from, comma-separated")
-        parser.add_argument("--dsp-temperature", type=str, default="0.1,1e-8", metavar="T0,T1",
+        parser.add_argument("--dsp-temperature", type=str, default=",".join(map(str, subset.TEMPERATURE)), metavar="T0,T1",
                             help="DSP: initial and final temperature")
-        parser.add_argument("--dsp-cooldown", type=int, default=250, metavar="N",
+        parser.add_argument("--dsp-cooldown", type=int, default=subset.COOLDOWN, metavar="N",
                             help="DSP: training steps over which the temperature falls (log-linearly)")
         parser.add_argument("--dsp-straight-through", action="store_true",
                             help="DSP: hard top-K in the forward pass, gradients straight through")
@@ -188,9 +188,10 @@ class HpruneTransformerModel(TransformerModel):
         if getattr(args, "head_gates", None):
             model.add_gates(args.head_gates.split(","), getattr(args, "gate_log_alpha_init", None))
         if getattr(args, "dsp_heads", None) is not None:  # (flags left at their default may be absent)
-            initial, final = (float(t) for t in getattr(args, "dsp_temperature", "0.1,1e-8").split(","))
+            temperature = getattr(args, "dsp_temperature", None)
+            initial, final = (float(t) for t in temperature.split(",")) if temperature else subset.TEMPERATURE
             model.add_subset_selector((getattr(args, "dsp_types", None) or ",".join(ATTENTION_TYPES)).split(","),
-                                      args.dsp_heads, (initial, final), getattr(args, "dsp_cooldown", 250),
+                                      args.dsp_heads, (initial, final), getattr(args, "dsp_cooldown", subset.COOLDOWN),
                                       getattr(args, "dsp_straight_through", False),
                                       getattr(args, "dsp_logit_scale", 1.0))
             if getattr(args, "dsp_logits_only", False):
@@ -273,8 +274,8 @@ class HpruneTransformerModel(TransformerModel):
         modules = [m for kind, _, m in self.attention_modules() if kind in types]
         sizes = [m.num_heads for m in modules]
         bound = math.sqrt(6.0 / (len(modules) + max(sizes)))
-        self.head_selector = SubsetSelector(sum(sizes), k, temperature, cooldown, straight_through, logit_scale,
-                                            bound).to(next(self.parameters()).device)
+        self.head_selector = subset.SubsetSelector(sum(sizes), k, temperature, cooldown, straight_through,
+                                                   logit_scale, bound).to(next(self.parameters()).device)
         for module, gate in zip(modules, self.head_selector.gates(sizes)):
             module.gate = gate
         # each training forward draws its mask first (a hook, not a forward override: the model stays scriptable)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 TINY = torch.finfo(torch.float64).tiny
+TEMPERATURE, COOLDOWN = (0.1, 1e-8), 250  # the reference code's IWSLT schedule
 
 
 def soft_top_k(scores: Tensor, k: int, temperature: float) -> Tensor:
@@ -58,7 +59,7 @@ class _StraightThrough(torch.autograd.Function):
 
 
 class SubsetSelector(nn.Module):
-    def __init__(self, count: int, k: int, temperature: tuple = (0.1, 1e-8), cooldown: int = 250,
+    def __init__(self, count: int, k: int, temperature: tuple = TEMPERATURE, cooldown: int = COOLDOWN,
                  straight_through: bool = False, logit_scale: float = 1.0, init_bound: float = 0.5):
         super().__init__()
         if k < 0 or count <= 0:
