@@ -1,7 +1,12 @@
 """Check a command line's overrides before Hydra runs it, to answer a mistake with one line and its fix."""
 from __future__ import annotations
 
+import shutil
 from typing import Optional
+
+# launchers (hydra/launcher options) that submit through SLURM, and the commands submitit calls for them
+SLURM_LAUNCHERS = ("slurm", "submitit_slurm")
+SLURM_COMMANDS = ("sbatch", "srun")
 
 FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd", "--cfg", "-c",
                      "--package", "-p", "--info", "-i"}
@@ -58,4 +63,17 @@ def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
                 return f"{reason} (`hprune {config_name} --help` lists the config groups and keys)"
     finally:
         GlobalHydra.instance().clear()
+    return None
+
+
+def check_launcher(args: list[str]) -> Optional[str]:
+    """A sweep sent to SLURM from a machine without SLURM's commands: one line instead of submitit's traceback."""
+    if not any(flag in args for flag in ("-m", "--multirun")):
+        return None  # without -m Hydra runs the job here and ignores the launcher
+    launchers = [o.partition("=")[2] for o in _overrides(args) if o.partition("=")[0].lstrip("+~") == "hydra/launcher"]
+    missing = [command for command in SLURM_COMMANDS if shutil.which(command) is None]
+    if launchers and launchers[-1] in SLURM_LAUNCHERS and missing:
+        return (f"hydra/launcher={launchers[-1]} submits each job to SLURM, but this machine has no "
+                f"{' or '.join(missing)} on PATH; run the sweep here with hydra/launcher=local, or start it "
+                "from a SLURM login node")
     return None

@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(verb, "--cfg prints the config of one run and -m starts a sweep; drop -m and give one value per "
                    "key to see a job's config")
     if not any(flag in rest for flag in ("--help", "-h", "--hydra-help")):
-        from hprune_cli.checks import check_overrides
+        from hprune_cli.checks import check_launcher, check_overrides
 
-        problem = check_overrides(verb, rest)
+        problem = check_overrides(verb, rest) or check_launcher(rest)
         if problem:
             fail(verb, problem)
     sys.argv = [f"hprune {verb}", *rest]

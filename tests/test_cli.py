@@ -105,6 +105,31 @@ def test_checkpoint_of_another_architecture(trained_run, tmp_path):
                           "fairseq translation Transformers (transformer, ")
 
 
+def test_checkpoint_of_another_task_is_refused_by_the_task_name(trained_run, tmp_path):
+    state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
+    state["cfg"]["task"]["_name"] = "translation_multi_simple_epoch"
+    torch.save(state, tmp_path / "multi.pt")
+    assert_one_line_error(eval_error(tmp_path / "multi.pt", tmp_path), "'translation_multi_simple_epoch' task",
+                          "not translation")
+
+
+def test_a_checkpoint_without_languages_whose_direction_nothing_says(trained_run, tmp_path):
+    """fairseq-train without -s/-t records no languages: with data=pretrained and no data-bin of its own, the
+    dictionaries beside it must say which side is which; joined ones (the same size) cannot."""
+    state = torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)
+    state["cfg"]["task"].update(source_lang=None, target_lang=None, data=str(tmp_path / "gone"))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    torch.save(state, folder / "model.pt")
+    trained_on = Path(torch.load(trained_run / "checkpoints" / "checkpoint_best.pt", weights_only=False)["cfg"]["task"]["data"])
+    for lang in ("src", "tgt"):  # the synthetic task's joined dictionaries
+        shutil.copy(trained_on / f"dict.{lang}.txt", folder / f"dict.{lang}.txt")
+    (folder / "bpecodes").write_text("")
+    proc = hprune("eval", f"ckpt={folder / 'model.pt'}", f"hydra.run.dir={tmp_path / 'eval'}", "data=pretrained",
+                  "device=cpu", check=False)
+    assert_one_line_error(proc, "records no languages", "dict.src.txt, dict.tgt.txt", "data.src_lang=")
+
+
 def test_checkpoint_of_another_vocabulary(trained_run, tmp_path):
     other = [o for o in SMALL_DATA if "n_names" not in o] + ["data.params.n_names=30"]
     assert_one_line_error(eval_error(trained_run, tmp_path, data=other), "vocabulary differs")
@@ -223,3 +248,19 @@ def test_console_shows_stage_lines_and_the_log_keeps_everything(trained_run, tmp
     assert "[fairseq." in log and "[hprune.session][INFO] - model" in log  # everything is in the log file
     loud, _ = run("verbose", "verbose=true")
     assert any("[fairseq." in line for line in loud) and len(loud) > len(quiet)
+
+
+def test_a_sweep_sent_to_slurm_without_slurm_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # python, hprune; no sbatch, no srun
+    proc = hprune("train", "-m", "seed=1,2", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                  check=False, subprocess=True)
+    assert_one_line_error(proc, "hydra/launcher=slurm", "no sbatch or srun on PATH", "hydra/launcher=local")
+    assert not (tmp_path / "sweep").exists()
+    # with SLURM's commands on PATH the launcher is let through (a stand-in for each)
+    from hprune_cli.checks import check_launcher
+    for command in ("sbatch", "srun"):
+        (tmp_path / command).write_text("#!/bin/sh\n")
+        (tmp_path / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{Path(sys.executable).parent}")
+    assert check_launcher(["-m", "seed=1,2", "hydra/launcher=slurm"]) is None
+    assert check_launcher(["seed=1", "hydra/launcher=slurm"]) is None  # a single run ignores the launcher

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import HPRUNE, ROOT, SMALL_DATA, SMALL_TRAIN, hprune
+from test_cli import assert_one_line_error
 
 pytest.importorskip("fairseq")
 
@@ -82,6 +83,23 @@ def test_killed_training_resumes_where_an_uninterrupted_run_ends(trained_run, tm
     assert resumed["optimizer_history"][-1]["num_updates"] == 150
     for name, tensor in reference["model"].items():
         torch.testing.assert_close(resumed["model"][name], tensor, atol=1e-5, rtol=0, msg=name)
+
+
+def test_an_unfinished_run_is_refused_with_the_command_that_finishes_it(trained_run, tmp_path):
+    """A run dir without metrics.json (killed after its last checkpoint, here) is not taken for a trained model;
+    the command the error names resumes it, without an update too many, and then it is evaluated."""
+    import shlex
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("metrics.json"))
+    proc = hprune("eval", f"ckpt={run}", f"hydra.run.dir={tmp_path / 'eval'}", *SMALL_DATA, "device=cpu", check=False)
+    line = assert_one_line_error(proc, "did not finish", f"ckpt={run / 'checkpoints' / 'checkpoint_last.pt'}")
+    command = shlex.split(re.search(r"`(hprune train [^`]*)`", line).group(1))
+    assert command[-1] == f"hydra.run.dir={run}" and "optim.max_update=150" in command
+    hprune(*command[1:])
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["num_updates"] == 150 and metrics["train_tokens_per_s"] is None  # nothing left to train
+    hprune("eval", f"ckpt={run}", f"hydra.run.dir={tmp_path / 'eval'}", *SMALL_DATA, "device=cpu")
 
 
 def test_truncated_last_checkpoint_falls_back_to_the_interval_checkpoint(trained_run, tmp_path):

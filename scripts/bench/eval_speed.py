@@ -33,8 +33,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = demo_checkpoint(tmp)
         for i in range(ROUNDS):
+            # the same BPE removal as hprune's (the synthetic task's words are subword pieces)
+            post_process = ["--post-process", cfg.data.post_process] if cfg.data.post_process else []
             log = run([str(BIN / "fairseq-generate"), str(data), "--path", str(ckpt), "--user-dir", PLUGIN_DIR,
-                       *generation_argv(cfg.generation, "test", cfg.seed), "--cpu"])
+                       *generation_argv(cfg.generation, "test", cfg.seed), *post_process, "--cpu"])
             speeds["fairseq-generate"] += floats(r"\(([\d.]+) sentences/s", log)
             hyps = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", log, flags=re.M))
             bleus["fairseq-generate"] = BLEU().corpus_score([hyps[str(j)] for j in range(len(refs))], [refs]).score

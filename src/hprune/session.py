@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from . import backend
-from .data.prepare import bind, prepare, test_set_of
+from .data.prepare import bind, model_languages, prepare, test_set_of
 from .errors import UserError
 from .flops import macs_per_token, mask_macs, unit_costs
 from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
@@ -35,8 +35,15 @@ def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/mod
     path = Path(ckpt).expanduser()
     if backend.is_hf_dir(path):
         return backend.import_hf(path, Path(models_root))
+    run = _run_dir_of(path)
     if not path.is_dir():
+        if run is not None and not (run / "metrics.json").exists():
+            log.warning("%s belongs to a run that did not finish (%s has no metrics.json): it is used as it is", path, run)
         return path
+    if run is not None and not (run / "metrics.json").exists():
+        raise UserError(f"{run} is a run that did not finish (no metrics.json: it was stopped, or is still running), "
+                        f"so its checkpoints are not its result; finish it with `{_resume_command(run)}`, or pass "
+                        f"ckpt={run / 'checkpoints' / 'checkpoint_last.pt'} to use its last checkpoint as it is")
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     for name in (backend.AVERAGED, "checkpoint_best.pt", "model.pt"):
         if (folder / name).exists():
@@ -46,6 +53,29 @@ def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/mod
         raise UserError(f"{folder} holds an ensemble of {len(members)} models ({', '.join(p.name for p in members)}); "
                         f"hprune measures one model at a time: pass one of them, e.g. ckpt={members[0]}")
     return folder / "checkpoint_best.pt"
+
+
+def _run_dir_of(path: Path) -> Optional[Path]:
+    """The hprune run dir (the folder with Hydra's .hydra/) that `path` is, or whose checkpoints/ holds it."""
+    for candidate in (path, path.parent, path.parent.parent):
+        if (candidate / ".hydra" / "config.yaml").is_file():
+            return candidate
+        if candidate.name != "checkpoints" and candidate != path:
+            return None
+    return None
+
+
+def _resume_command(run: Path) -> str:
+    """The command that ran `run` (its verb and overrides as Hydra recorded them), writing into it again: a
+    train run resumes from its checkpoint_last.pt."""
+    import shlex
+
+    from omegaconf import OmegaConf
+
+    verb = OmegaConf.load(run / ".hydra" / "config.yaml").get("verb", "train")
+    overrides_file = run / ".hydra" / "overrides.yaml"
+    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
+    return " ".join(["hprune", verb, *map(shlex.quote, overrides), shlex.quote(f"hydra.run.dir={run}")])
 
 
 def read_references(raw_file: Path, n: int) -> list[str]:
@@ -82,6 +112,8 @@ class Session:
             backend.check_generation(cfg.generation)  # before any work, not at the first translation
         path = resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt, cfg.paths.models_root)
         checkpoint = backend.read_checkpoint(path)
+        if not all(checkpoint.languages):
+            checkpoint.set_languages(*model_languages(cfg.data, checkpoint))
         data = bind(cfg.data, checkpoint.path, checkpoint.languages)  # a model's own data: from its folder
         data_bin = prepare(data, cfg.paths.data_root)
         session = cls(cfg, data, backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision), data_bin)
@@ -92,7 +124,9 @@ class Session:
     def reopen(self, ckpt: Path) -> "Session":
         """Another checkpoint (exported, retrained, gated) on this session's data and settings, measured with this
         session's criterion (a gated checkpoint's own has an L0 term; the gates are folded away before use)."""
-        return Session(self.cfg, self.data, backend.load_model(ckpt, self.data_bin, self.cfg.device, self.cfg.precision),
+        languages = (self.loaded.cfg.task.source_lang, self.loaded.cfg.task.target_lang)
+        return Session(self.cfg, self.data,
+                       backend.load_model(ckpt, self.data_bin, self.cfg.device, self.cfg.precision, languages),
                        self.data_bin, self.criterion)
 
     # ---------------------------------------------------------------------------------------- the model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -18,11 +19,16 @@ from ..errors import UserError
 from .compat import HPRUNE_ARCHS, check_precision, resolve_device, upgrade_checkpoint
 from .training import save_checkpoint_atomic
 
+log = logging.getLogger(__name__)
+
 # fairseq's translation Transformer family: the same parameters and state-dict keys as hprune_transformer, which
 # runs them (dimensions as the checkpoint records them, wherever they differ from the arch's defaults)
 FAIRSEQ_TRANSFORMERS = ("transformer", "transformer_tiny", "transformer_iwslt_de_en", "transformer_wmt_en_de",
                         "transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_fr_big",
                         "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t")
+TRANSLATION_TASKS = ("translation",)
+# criteria whose loss is the label-smoothed (or plain) cross-entropy that the `hprune` criterion computes
+KNOWN_CRITERIA = ("cross_entropy", "label_smoothed_cross_entropy", "hprune")
 
 
 def model_arch(model_cfg) -> Optional[str]:
@@ -66,8 +72,26 @@ class Checkpoint:
     imported_from: Optional[str] = None
 
     @property
-    def languages(self) -> tuple[str, str]:
-        return self.cfg.task.source_lang, self.cfg.task.target_lang
+    def languages(self) -> tuple[Optional[str], Optional[str]]:
+        return self.cfg.task.get("source_lang"), self.cfg.task.get("target_lang")
+
+    @property
+    def trained_on(self) -> Optional[Path]:
+        """The data-bin the checkpoint was trained on, as recorded (it may not exist on this machine)."""
+        return Path(self.cfg.task.data) if self.cfg.task.get("data") else None
+
+    @property
+    def vocabulary_sizes(self) -> tuple[Optional[int], Optional[int]]:
+        """Rows of the source and target embeddings."""
+        weights = self.state["model"]
+        return tuple(weights[key].shape[0] if key in weights else None
+                     for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"))
+
+    def set_languages(self, source: str, target: str) -> None:
+        """Fill in languages the checkpoint does not record (fairseq-train without -s/-t); recorded ones stay."""
+        with open_dict(self.cfg.task):
+            self.cfg.task.source_lang = self.cfg.task.get("source_lang") or source
+            self.cfg.task.target_lang = self.cfg.task.get("target_lang") or target
 
 
 def read_checkpoint(ckpt: Path) -> Checkpoint:
@@ -83,9 +107,10 @@ def read_checkpoint(ckpt: Path) -> Checkpoint:
         state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
     cfg = upgrade_checkpoint(state)  # also turns a legacy `args` into a config
     imported_from = as_hprune_model(cfg.model, ckpt)
-    if cfg.get("task") is None or cfg.task.get("source_lang") is None:
-        raise UserError(f"{ckpt} is not a translation checkpoint (its task records no source language); hprune "
-                        f"takes fairseq translation Transformers ({', '.join(FAIRSEQ_TRANSFORMERS)})")
+    task = cfg.task.get("_name") if cfg.get("task") is not None else None
+    if task not in TRANSLATION_TASKS:
+        raise UserError(f"{ckpt} was trained for fairseq's '{task}' task, not translation; hprune takes models of the "
+                        f"'translation' task ({', '.join(FAIRSEQ_TRANSFORMERS)} and its own)")
     return Checkpoint(ckpt, state, cfg, imported_from)
 
 
@@ -101,12 +126,19 @@ def _check_vocabulary(checkpoint: Checkpoint, task, data_dir: Path) -> None:
                             "on, or for a published model the dict.*.txt files that came with it (data=pretrained)")
 
 
-def load_model(ckpt: Path | Checkpoint, data_dir: Path, device: str = "cpu", precision: str = "fp32") -> Loaded:
+def load_model(ckpt: Path | Checkpoint, data_dir: Path, device: str = "cpu", precision: str = "fp32",
+               languages: tuple[Optional[str], Optional[str]] = (None, None)) -> Loaded:
     """Load a checkpoint (hprune's, or a fairseq Transformer's as an hprune_transformer; a path, or one already
-    read) for inference against the dictionaries in data_dir, refusing anything unsafe."""
+    read) for inference against the dictionaries in data_dir, refusing anything unsafe. `languages`: those of a
+    checkpoint that records none (the model's, when another checkpoint of it is reopened)."""
     from fairseq import tasks
 
     checkpoint = ckpt if isinstance(ckpt, Checkpoint) else read_checkpoint(ckpt)
+    if not all(checkpoint.languages):
+        if not all(languages):
+            raise UserError(f"{checkpoint.path} records no languages (fairseq-train without -s/-t); pass "
+                            "data.src_lang=.. data.tgt_lang=..")
+        checkpoint.set_languages(*languages)
     state, cfg, ckpt = checkpoint.state, checkpoint.cfg, checkpoint.path
     if not (data_dir / f"dict.{cfg.task.source_lang}.txt").exists():
         raise UserError(f"{data_dir} has no dict.{cfg.task.source_lang}.txt: the checkpoint was trained on "
@@ -142,8 +174,22 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def build_criterion(loaded: Loaded):
-    """The training criterion recorded in the checkpoint (label-smoothed cross-entropy for hprune models)."""
-    return loaded.task.build_criterion(loaded.cfg.criterion)
+    """The checkpoint's training loss as the `hprune` criterion, which every measurement and training step of
+    hprune reads (its loss, `nll_loss` and sample size): label-smoothed cross-entropy with the smoothing the
+    checkpoint records. fairseq's default `cross_entropy` records none, and smoothing 0 is exactly that loss;
+    hprune's own criterion is used as recorded (MoA's auxiliary losses, gates' L0 term)."""
+    recorded = loaded.cfg.get("criterion")
+    name = recorded.get("_name") if recorded is not None else None
+    if name == "hprune":
+        return loaded.task.build_criterion(recorded)
+    if name not in KNOWN_CRITERIA:
+        log.info("criterion %s: measured with its translation loss (cross-entropy, label smoothing %s)", name,
+                 recorded.get("label_smoothing", 0.0) if recorded is not None else 0.0)
+    settings = {"_name": "hprune", "label_smoothing": 0.0, "sentence_avg": False}
+    for key in ("label_smoothing", "sentence_avg", "ignore_prefix_size"):
+        if recorded is not None and recorded.get(key) is not None:
+            settings[key] = recorded[key]
+    return loaded.task.build_criterion(OmegaConf.create(settings))
 
 
 def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
@@ -161,6 +207,13 @@ def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[
     state["model"] = model.state_dict()
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
     as_hprune_model(model_cfg, config_from or loaded.path)  # a stock Transformer's export is an hprune model
+    # the languages recorded even where the original was trained without -s/-t: the export says what it translates
+    task_cfg = state["cfg"]["task"] if state.get("cfg") is not None else state["args"]
+    for key in ("source_lang", "target_lang"):
+        if isinstance(task_cfg, dict):  # a saved config is a plain container, a legacy one a Namespace
+            task_cfg[key] = loaded.cfg.task[key]
+        else:
+            setattr(task_cfg, key, loaded.cfg.task[key])
     setattr(model_cfg, "kept_heads", json.dumps(kept, separators=(",", ":")))
     state["last_optimizer_state"] = None
     save_checkpoint_atomic(state, dest)

@@ -66,6 +66,14 @@ def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "trai
     # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
     vars(checkpoint_utils.save_checkpoint).pop("best", None)
     cfg = to_omegaconf(args)
+    last = Path(args.save_dir) / "checkpoint_last.pt"
+    if cfg.optimization.max_update and last.exists() and \
+            checkpoint_summary(last)["num_updates"] >= cfg.optimization.max_update:
+        # a run stopped after its last checkpoint: fairseq would resume with one update too many
+        log.info("%s: %s already holds all %d updates", label, last, cfg.optimization.max_update)
+        from fairseq.logging import metrics
+        metrics.reset()  # no speed to report for this call
+        return
     log.info("%s: fairseq-train, %s updates -> %s", label, cfg.optimization.max_update or "all", args.save_dir)
     with frozen_heap(), training_progress(label, cfg.optimization.max_update or None):
         distributed_utils.call_main(cfg, fairseq_train.main)
@@ -102,12 +110,12 @@ def repair_resume_point(save_dir: Path) -> None:
 
 def train_speed() -> dict:
     """fairseq's whole-run meters (the root aggregator is never reset): target tokens/s and updates/s,
-    validation and checkpointing pauses included."""
+    validation and checkpointing pauses included; None when the last call trained nothing."""
     from fairseq.logging import metrics
 
     values = metrics.get_smoothed_values("default")
-    return {"train_tokens_per_s": round(float(values.get("wps", 0.0)), 1),
-            "train_updates_per_s": round(float(values.get("ups", 0.0)), 3)}
+    return {"train_tokens_per_s": round(float(values["wps"]), 1) if "wps" in values else None,
+            "train_updates_per_s": round(float(values["ups"]), 3) if "ups" in values else None}
 
 
 def checkpoint_summary(ckpt: Path) -> dict:

@@ -35,10 +35,15 @@ def _split_files(folder: Path) -> list[re.Match]:
     return [m for m in (SPLIT_FILE.match(p.name) for p in sorted(folder.iterdir())) if m]
 
 
+def language_pairs(folder: Path) -> list[tuple[str, str]]:
+    """The (source, target) pairs a data-bin's file names spell, as fairseq reads them."""
+    return sorted({(m["src"], m["tgt"]) for m in _split_files(folder)}) if folder.is_dir() else []
+
+
 def bind(data: DictConfig) -> DictConfig:
     """The config with the data-bin's languages filled in (from its file names) where left null."""
     folder = _folder(data)
-    pairs = sorted({(m["src"], m["tgt"]) for m in _split_files(folder)})
+    pairs = language_pairs(folder)
     data = data.copy()
     with open_dict(data):
         data.path = str(folder)

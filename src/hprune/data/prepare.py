@@ -79,6 +79,31 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
     return data
 
 
+def model_languages(data: DictConfig, checkpoint) -> tuple[str, str]:
+    """The languages of a checkpoint that records none (fairseq-train without -s/-t; fairseq infers them at run
+    time from the data-bin's file names). In this order: the data settings (for data=databin, its data-bin's
+    file names), the file names of the data-bin the checkpoint was trained on, and the two dictionaries beside
+    the checkpoint, whose sizes against the embeddings' say which side is which. `checkpoint`: a
+    backend.Checkpoint."""
+    _check_kind(data)
+    given = databin.bind(data) if data.kind == "databin" else data
+    if given.get("src_lang") and given.get("tgt_lang"):
+        return given.src_lang, given.tgt_lang
+    trained_on = databin.language_pairs(checkpoint.trained_on) if checkpoint.trained_on is not None else []
+    if len(trained_on) == 1:
+        return trained_on[0]
+    folder = Path(data.model_dir) if data.get("model_dir") else checkpoint.path.parent
+    sizes = {path.name[5:-4]: 4 + sum(1 for line in path.open(encoding="utf-8") if line.strip())  # + fairseq's 4 specials
+             for path in sorted(folder.glob("dict.*.txt"))}
+    matching = [(a, b) for a in sizes for b in sizes if a != b and (sizes[a], sizes[b]) == checkpoint.vocabulary_sizes]
+    if len(sizes) == 2 and len(matching) == 1:
+        return matching[0]
+    beside = ", ".join(f"dict.{lang}.txt" for lang in sizes) or "no dict.<lang>.txt"
+    raise UserError(f"{checkpoint.path} records no languages (trained without -s/-t), and neither the data settings, "
+                    f"its data-bin nor the dictionaries beside it ({beside}) say which they are; pass "
+                    "data.src_lang=<source> data.tgt_lang=<target>")
+
+
 def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
     _check_kind(data)
     if data.kind == "toy":
