@@ -20,7 +20,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PIP) install -q torch==2.13.0 numpy cython
 	# fairseq-fixed declares torchaudio (another torch); its real needs are in setup.cfg
 	$(PIP) install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
-	$(PIP) install -q --no-build-isolation -e '.[test]'
+	$(PIP) install -q --no-build-isolation -e '.[test,deploy]'
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 

@@ -17,6 +17,8 @@ VERBS = {
     "data": ("hprune.runner.data", "`hprune data prepare data=toy|wmt14_en_de|...`: download, prepare, binarize (cached);"
                                    " `hprune data fetch published=NAME`: a published fairseq model"),
     "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
+    "export": ("hprune.runner.export", "`hprune export ckpt=PATH [mask=head_mask.json] format=ctranslate2|fairseq`: "
+                                       "the pruned model for a runtime"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
     "report": ("hprune.runner.report", "`hprune report DIR ...`: method comparison, λ and MoA tables, plots over runs"),
 }

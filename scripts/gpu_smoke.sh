@@ -97,3 +97,23 @@ print(f"dsp: {dsp['kept_heads']} of {dsp['heads_pool']} heads kept (asked 72), B
       f"fisher: {fisher['kept_heads']} heads, {100 * counted:.1f} % of the attention MACs counted (budget 50 %), "
       f"BLEU {fisher['bleu']:.2f} in {fisher['seconds']:.1f} s")
 PY
+
+# the fisher mask's model handed to CTranslate2 in float16 and translated on the GPU, against the same model on the CPU
+"$PY" -m hprune_cli.main export ckpt="$run" mask="$run/fisher/head_mask.json" quantization=float16 device=cuda \
+    hydra.run.dir="$run/ct2" | tail -n 1
+"$PY" - "$run" "$HPRUNE_DATA_ROOT" <<'PY'
+import sys, time
+from pathlib import Path
+import ctranslate2
+run, root = Path(sys.argv[1]), Path(sys.argv[2])
+test = (next(root.glob("toy-*")) / "pieces" / "test.src").read_text().splitlines()[:256]
+tokens = [line.split() for line in test]
+outputs = {}
+for device, compute in (("cuda", "float16"), ("cpu", "float32")):
+    translator = ctranslate2.Translator(str(run / "ct2" / "ctranslate2"), device=device, compute_type=compute)
+    started = time.perf_counter()
+    outputs[device] = [" ".join(r.hypotheses[0]) for r in translator.translate_batch(tokens, beam_size=4)]
+    print(f"CTranslate2 {device} {compute}: {len(tokens) / (time.perf_counter() - started):.0f} sentences/s")
+same = sum(a == b for a, b in zip(outputs["cuda"], outputs["cpu"]))
+print(f"CTranslate2 float16 on the GPU: {same}/{len(tokens)} translations identical to float32 on the CPU")
+PY

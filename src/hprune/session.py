@@ -283,6 +283,31 @@ class Session:
                                                  / counted["unpruned"]["macs_per_token"]), 2),
                 "sentences_per_s_masked": masked["sentences_per_s"], "sentences_per_s_pruned": result["sentences_per_s"]}
 
+    def pruned_copy(self, mask: Mask) -> torch.nn.Module:
+        """An fp32 CPU copy of the model with the heads `mask` drops physically removed."""
+        return backend.pruned_model(self.loaded, kept_ids(mask))
+
+    @property
+    def dictionaries(self) -> tuple:
+        """The model's (source, target) fairseq dictionaries."""
+        return self.loaded.task.source_dictionary, self.loaded.task.target_dictionary
+
+    def source_tokens(self, split: str) -> list[list[str]]:
+        """The source side of a split as the model's tokens (no eos), in sentence order."""
+        dictionary, sentences = self.loaded.task.source_dictionary, {}
+        for sample in self.batches(split, EVAL_MAX_TOKENS):
+            for i, tokens in zip(sample["id"].tolist(), sample["net_input"]["src_tokens"].tolist()):
+                sentences[i] = [dictionary[t] for t in tokens if t not in (dictionary.pad(), dictionary.eos())]
+        return [sentences[i] for i in sorted(sentences)]
+
+    def subword_files(self) -> list[Path]:
+        """The files that turn text into the model's tokens: a published or imported model's codes or
+        sentencepiece models (data=pretrained); none for data hprune prepares."""
+        if self.data.kind != "pretrained":
+            return []
+        from .data.pretrained import model_files
+        return sorted({path for path in model_files(self.data).codes if path is not None})
+
     def continue_training_argv(self, save_dir: Path, seed: int, criterion: str, options: list) -> list:
         """fairseq-train flags that continue training this checkpoint (its architecture and label smoothing as
         recorded) with `criterion` and the caller's options."""

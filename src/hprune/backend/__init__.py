@@ -33,7 +33,16 @@ from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa:
 from .finetuning import finetune  # noqa: E402
 from .generation import Translations, batches, split_loss, split_targets, translate  # noqa: E402
 from .hf import import_hf, is_hf_dir  # noqa: E402
-from .loading import Checkpoint, Loaded, build_criterion, count_parameters, export_pruned, load_model, read_checkpoint  # noqa: E402
+from .loading import (  # noqa: E402
+    Checkpoint,
+    Loaded,
+    build_criterion,
+    count_parameters,
+    export_pruned,
+    load_model,
+    pruned_model,
+    read_checkpoint,
+)
 from .training import (  # noqa: E402
     AVERAGED,
     average_checkpoints,
@@ -47,6 +56,7 @@ from .training import (  # noqa: E402
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations",
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
-           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model", "read_checkpoint",
+           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model",
+           "pruned_model", "read_checkpoint",
            "repair_resume_point", "resolve_device", "split_loss", "split_targets", "tensorboard_flags", "train", "train_argv",
            "train_speed", "translate"]

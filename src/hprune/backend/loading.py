@@ -192,6 +192,14 @@ def build_criterion(loaded: Loaded):
     return loaded.task.build_criterion(OmegaConf.create(settings))
 
 
+def pruned_model(loaded: Loaded, kept: dict) -> torch.nn.Module:
+    """An fp32 CPU copy of loaded.model with only the `kept` heads ({type: [[head ids] per layer]})."""
+    model = copy.deepcopy(loaded.model).float().cpu()
+    model.set_head_mask(None)
+    model.keep_heads(kept)
+    return model.eval()
+
+
 def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
     """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), in fp32.
 
@@ -200,9 +208,7 @@ def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[
     The other settings come from loaded.path's checkpoint, or from `config_from`'s (e.g. the ungated model a
     gated run started from). Returns the pruned model (on the CPU).
     """
-    model = copy.deepcopy(loaded.model).float().cpu()
-    model.set_head_mask(None)
-    model.keep_heads(kept)
+    model = pruned_model(loaded, kept)
     state = load_checkpoint(config_from or loaded.path)
     state["model"] = model.state_dict()
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]

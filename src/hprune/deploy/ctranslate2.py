@@ -1,0 +1,248 @@
+"""A CTranslate2 model directory built from an hprune model (physically pruned or not), so that a pruned model
+runs where people deploy translation models.
+
+CTranslate2 holds one head count per stack: every encoder layer has the same number of heads, and every decoder
+layer the same number in its self- and cross-attention; each head has an explicit `head_dim`. A model whose
+layers kept different numbers of heads is written with each sublayer padded by zero heads up to the largest
+count of its stack: a zero head's queries, keys and values are 0 and its out_proj columns are 0, so it adds
+exactly nothing (the scores are those of the model under its mask). `surviving_macs` says how much of the
+pruning the padded model keeps.
+
+Written from the model's modules, not through CTranslate2's fairseq converter (which does not know the
+`hprune_transformer` architecture): pre/post-norm per side, activation, embedding scale, shared or separate
+embeddings, layernorm_embedding, the position tables as weights (fairseq's, learned, or Marian's sinusoids),
+Marian's decoder start vector and output bias, and the vocabularies in the model's order.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+
+# quantization=: CTranslate2's weight types; none keeps the weights as they are (float32)
+QUANTIZATIONS = ("none", "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                 "bfloat16")
+ACTIVATIONS = ("relu", "gelu", "gelu_accurate", "gelu_fast", "swish")
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("format=ctranslate2 needs the ctranslate2 package: pip install 'hprune[deploy]'") from None
+    return ctranslate2
+
+
+def check_quantization(quantization: str) -> None:
+    if quantization not in QUANTIZATIONS:
+        raise UserError(f"quantization={quantization} is not one of {', '.join(QUANTIZATIONS)}")
+
+
+def stack_heads(model) -> Dict[str, int]:
+    """The heads per layer of each CTranslate2 stack: the largest count left in its sublayers (at least 1)."""
+    counts: Dict[str, List[int]] = {"encoder": [], "decoder": []}
+    for kind, _, module in model.attention_modules():
+        counts["encoder" if kind == "enc-self" else "decoder"].append(module.num_heads)
+    return {stack: max([1, *values]) for stack, values in counts.items()}
+
+
+def padded_mask(mask: dict, heads: Dict[str, int]) -> dict:
+    """The head mask the padded model computes: every sublayer of a stack with that stack's head count (its kept
+    heads, then removed ones as zero heads), for counting the MACs the CTranslate2 model spends."""
+    padded = {}
+    for kind, rows in mask.items():
+        target = heads["encoder" if kind == "enc-self" else "decoder"]
+        padded[kind] = []
+        for row in rows:
+            extra = target - sum(row)
+            new = list(row)
+            for h, alive in enumerate(row):
+                if not alive and extra > 0:
+                    new[h], extra = 1, extra - 1
+            padded[kind].append(new)
+    return padded
+
+
+def _np(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy()
+
+
+def _linear(spec, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    spec.weight = _np(weight)
+    if bias is not None:
+        spec.bias = _np(bias)
+
+
+def _layer_norm(spec, module) -> None:
+    spec.gamma, spec.beta = _np(module.weight), _np(module.bias)
+
+
+def _padded_rows(proj, heads: int, head_dim: int):
+    """q/k/v weight and bias with zero rows for the heads missing up to `heads`."""
+    missing = heads * head_dim - proj.weight.size(0)
+    weight = torch.cat([proj.weight.detach(), proj.weight.new_zeros(missing, proj.weight.size(1))])
+    bias = None if proj.bias is None else torch.cat([proj.bias.detach(), proj.bias.new_zeros(missing)])
+    return weight, bias
+
+
+def _attention(spec, module, heads: int, self_attention: bool) -> None:
+    D = module.head_dim
+    q, k, v = (_padded_rows(p, heads, D) for p in (module.q_proj, module.k_proj, module.v_proj))
+
+    def fused(parts):
+        biases = [b for _, b in parts]
+        return (torch.cat([w for w, _ in parts]),
+                None if any(b is None for b in biases) else torch.cat(biases))
+    if self_attention:
+        _linear(spec.linear[0], *fused([q, k, v]))
+    else:
+        _linear(spec.linear[0], *q)
+        _linear(spec.linear[1], *fused([k, v]))
+    out = module.out_proj.weight.detach()
+    out = torch.cat([out, out.new_zeros(out.size(0), heads * D - out.size(1))], dim=1)
+    _linear(spec.linear[-1], out, module.out_proj.bias)
+
+
+def _positions(spec, module) -> None:
+    if module.embed_positions is None:
+        raise UserError("CTranslate2 needs position encodings; this model has none (--no-token-positional-embeddings)")
+    positions = module.embed_positions
+    table = positions.weight if isinstance(positions, torch.nn.Embedding) else positions.weights
+    spec.encodings = _np(table)[positions.padding_idx + 1:]  # fairseq's first position is padding_idx + 1
+
+
+def _vocabulary(dictionary) -> List[str]:
+    return ["<blank>" if token == "<pad>" else token for token in dictionary.symbols]
+
+
+def model_spec(model, model_cfg, source_dictionary, target_dictionary):
+    """The CTranslate2 TransformerSpec of an hprune_transformer model (fp32 weights, heads padded per stack)."""
+    _ctranslate2()  # one line if it is not installed
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    if list(model.moa_layers()):
+        raise UserError("CTranslate2 has no mixture-of-attention-heads layer; export MoA models with format=fairseq")
+    if list(model.gates()) or getattr(model, "head_selector", None) is not None:
+        raise UserError("this checkpoint still has its gates or DSP selector; export the folded model that "
+                        "`hprune prune ... prune.export=true` wrote (checkpoints/checkpoint_pruned.pt)")
+    activation = getattr(model_cfg, "activation_fn", "relu")
+    if activation not in ACTIVATIONS:
+        raise UserError(f"CTranslate2 has no '{activation}' activation; it takes {', '.join(ACTIVATIONS)}")
+    encoder, decoder = model.encoder, model.decoder
+    heads = stack_heads(model)
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "gelu_accurate": common_spec.Activation.GELUTanh, "gelu_fast": common_spec.Activation.GELUTanh,
+                  "swish": common_spec.Activation.SWISH}[activation]
+    head_dim = encoder.layers[0].self_attn.head_dim
+    enc = transformer_spec.TransformerEncoderSpec(
+        len(encoder.layers), heads["encoder"], pre_norm=encoder.layers[0].normalize_before,
+        no_final_norm=encoder.layer_norm is None, activation=activation,
+        layernorm_embedding=encoder.layernorm_embedding is not None, head_dim=head_dim)
+    dec = transformer_spec.TransformerDecoderSpec(
+        len(decoder.layers), heads["decoder"], pre_norm=decoder.layers[0].normalize_before,
+        no_final_norm=decoder.layer_norm is None, activation=activation,
+        layernorm_embedding=decoder.layernorm_embedding is not None,
+        project_in_out=decoder.project_in_dim is not None, head_dim=decoder.layers[0].self_attn.head_dim)
+    spec = transformer_spec.TransformerSpec(enc, dec)
+
+    enc.embeddings[0].weight = _np(encoder.embed_tokens.weight)
+    enc.scale_embeddings = float(encoder.embed_scale)
+    _positions(enc.position_encodings, encoder)
+    if encoder.layernorm_embedding is not None:
+        _layer_norm(enc.layernorm_embedding, encoder.layernorm_embedding)
+    if encoder.layer_norm is not None:
+        _layer_norm(enc.layer_norm, encoder.layer_norm)
+    for layer_spec, layer in zip(enc.layer, encoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, heads["encoder"], self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        _ffn(layer_spec.ffn, layer)
+
+    embedding = decoder.embed_tokens.weight.detach().clone()
+    start = getattr(decoder.embed_tokens, "start", None)
+    if start is not None:  # Marian's start vector: the decoder's first input, eos, never comes again as input
+        embedding[decoder.embed_tokens.start_index] = start.detach()
+    dec.embeddings.weight = _np(embedding)
+    dec.scale_embeddings = float(decoder.embed_scale)
+    _positions(dec.position_encodings, decoder)
+    if decoder.layernorm_embedding is not None:
+        _layer_norm(dec.layernorm_embedding, decoder.layernorm_embedding)
+    if decoder.layer_norm is not None:
+        _layer_norm(dec.layer_norm, decoder.layer_norm)
+    if decoder.project_in_dim is not None:
+        _linear(dec.project_in, decoder.project_in_dim.weight, decoder.project_in_dim.bias)
+    if decoder.project_out_dim is not None:
+        _linear(dec.project_out, decoder.project_out_dim.weight, decoder.project_out_dim.bias)
+    _linear(dec.projection, decoder.output_projection.weight, decoder.output_projection.bias)
+    for layer_spec, layer in zip(dec.layer, decoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, heads["decoder"], self_attention=True)
+        _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        _attention(layer_spec.attention, layer.encoder_attn, heads["decoder"], self_attention=False)
+        _layer_norm(layer_spec.attention.layer_norm, layer.encoder_attn_layer_norm)
+        _ffn(layer_spec.ffn, layer)
+
+    spec.register_source_vocabulary(_vocabulary(source_dictionary))
+    spec.register_target_vocabulary(_vocabulary(target_dictionary))
+    spec.config.decoder_start_token = spec.config.eos_token  # fairseq's decoder input starts with eos
+    spec.config.add_source_eos = True  # and its source ends with one
+    return spec
+
+
+def _ffn(spec, layer) -> None:
+    _layer_norm(spec.layer_norm, layer.final_layer_norm)
+    _linear(spec.linear_0, layer.fc1.weight, layer.fc1.bias)
+    _linear(spec.linear_1, layer.fc2.weight, layer.fc2.bias)
+
+
+def save(spec, dest, quantization: str) -> None:
+    """Validate, quantize and write the model files into `dest` (an existing, empty folder)."""
+    spec.validate()
+    spec.optimize(quantization=None if quantization == "none" else quantization)
+    spec.save(str(dest))
+
+
+def readme(data, subword_files: List[str], quantization: str) -> str:
+    """How to use the directory: tokenize, translate, detokenize, with the files beside the model."""
+    src, tgt = data.src_lang, data.tgt_lang
+    bpe = data.get("bpe") if data.get("bpe") not in (None, "auto") else None
+    if any(name.endswith(".model") for name in subword_files):
+        encode = (f"sp = sentencepiece.SentencePieceProcessor(model_file='{subword_files[0]}')\n"
+                  "tokens = [sp.encode(line, out_type=str) for line in lines]")
+        decode = "text = [sp.decode(h.hypotheses[0]) for h in results]"
+    elif subword_files:
+        encode = (f"# Moses-tokenize (sacremoses, {src}), then apply {subword_files[0]} with subword-nmt\n"
+                  f"bpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
+                  "tokens = [bpe.process_line(moses.tokenize(line, return_str=True)).split() for line in lines]")
+        decode = "text = [moses_detok.detokenize(' '.join(h.hypotheses[0]).replace('@@ ', '').split()) for h in results]"
+    else:
+        encode = "tokens = [line.split() for line in lines]  # text already in the model's tokens"
+        join = ".replace('@@ ', '')" if data.get("post_process") == "subword_nmt" else ""
+        decode = f"text = [' '.join(h.hypotheses[0]){join} for h in results]"
+    return (f"# A CTranslate2 model ({src} -> {tgt}, weights {quantization}) written by `hprune export`\n\n"
+            "```python\nimport ctranslate2\n"
+            f"translator = ctranslate2.Translator('.', device='cpu')  # or device='cuda', compute_type='float16'\n"
+            f"{encode}\nresults = translator.translate_batch(tokens, beam_size=4)\n{decode}\n```\n\n"
+            f"Subword files: {', '.join(subword_files) or 'none (the synthetic task is written in its tokens)'}"
+            + (f" ({bpe})" if bpe else "") + ".\n")
+
+
+def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
+                    rounds: int = 2, device: str = "cpu") -> Dict[str, float]:
+    """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
+    alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine)."""
+    import time
+
+    ctranslate2 = _ctranslate2()
+    translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
+                   for name, path in model_dirs.items()}
+    best = {name: 0.0 for name in translators}
+    for name, translator in translators.items():
+        translator.translate_batch(sources[:8], beam_size=beam)
+    for _ in range(rounds):
+        for name, translator in translators.items():
+            started = time.perf_counter()
+            translator.translate_batch(sources, beam_size=beam, max_batch_size=64)
+            best[name] = max(best[name], len(sources) / (time.perf_counter() - started))
+    return {name: round(value, 2) for name, value in best.items()}

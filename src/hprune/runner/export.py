@@ -1,0 +1,89 @@
+"""`hprune export ckpt=PATH [mask=head_mask.json] format=ctranslate2|fairseq`: the model, with the masked heads
+physically removed, in a runtime's format. fairseq: the pruned checkpoint (`prune.export=true` writes the same,
+through the same code), checked against the masked model. ctranslate2: a CTranslate2 model directory built from
+the pruned model, with the model's subword files and a README beside it."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from omegaconf import DictConfig
+
+from ..attention_types import ATTENTION_TYPES
+from ..errors import UserError
+from ..files import run_dir, write_atomic
+from ..flops import mask_macs
+from ..pruning.heads import kept_columns
+from . import hydra_app
+
+FORMATS = ("ctranslate2", "fairseq")
+
+
+def export(cfg: DictConfig) -> dict:
+    from ..deploy import ctranslate2
+    from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
+
+    if cfg.format not in FORMATS:
+        raise UserError(f"format={cfg.format} is not one of {', '.join(FORMATS)}")
+    if cfg.format == "ctranslate2":
+        ctranslate2.check_quantization(cfg.quantization)
+    session = Session.open(cfg)
+    mask = session.read_mask(cfg.mask) if cfg.mask else session.unpruned_mask()
+    out = run_dir()
+    metrics = {"format": cfg.format, "mask": cfg.mask, **kept_columns(mask), **session.provenance()}
+    if cfg.format == "fairseq":
+        metrics.update(session.export(mask, out / "checkpoints" / "checkpoint_pruned.pt",
+                                      session.evaluate(mask, cfg.max_tokens), cfg.max_tokens))
+        print(f"pruned checkpoint: {metrics['export_checkpoint']} ({metrics['params_removed_pct']} % fewer parameters, "
+              f"BLEU {metrics['export_bleu']:.2f}, same translations as the masked model: "
+              f"{'yes' if metrics['export_same_translations'] else 'NO'})")
+        return metrics
+
+    model = session.pruned_copy(mask)
+    spec = ctranslate2.model_spec(model, session.loaded.cfg.model, *session.dictionaries)
+    dest = out / "ctranslate2"
+    staging = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        ctranslate2.save(spec, staging, cfg.quantization)
+        subwords = session.subword_files()
+        for path in subwords:
+            shutil.copy(path, staging / path.name)
+        write_atomic(staging / "README.md", ctranslate2.readme(session.data, [p.name for p in subwords], cfg.quantization))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staging, dest)
+
+    # speed in CTranslate2: this export against the unpruned model written the same way
+    with tempfile.TemporaryDirectory() as unpruned:
+        ctranslate2.save(ctranslate2.model_spec(session.pruned_copy(session.unpruned_mask()), session.loaded.cfg.model,
+                                                *session.dictionaries), unpruned, cfg.quantization)
+        speed = ctranslate2.sentences_per_s({"pruned": str(dest), "unpruned": unpruned},
+                                            session.source_tokens(cfg.speed_split), cfg.generation.beam, cfg.threads,
+                                            device=session.device)
+    heads = ctranslate2.stack_heads(model)
+    costs = session.unit_costs()
+    macs = {name: mask_macs(costs, m, ATTENTION_TYPES)
+            for name, m in (("mask", mask), ("ctranslate2", ctranslate2.padded_mask(mask, heads)),
+                            ("unpruned", session.unpruned_mask()))}
+    metrics.update({"export_dir": str(dest.absolute()), "quantization": cfg.quantization,
+                    "ctranslate2_encoder_heads": heads["encoder"], "ctranslate2_decoder_heads": heads["decoder"],
+                    "attention_macs_pct_mask": round(100 * macs["mask"] / macs["unpruned"], 2),
+                    "attention_macs_pct_ctranslate2": round(100 * macs["ctranslate2"] / macs["unpruned"], 2),
+                    "subword_files": [p.name for p in subwords], "speed_split": cfg.speed_split,
+                    "sentences_per_s_ctranslate2": speed["pruned"],
+                    "sentences_per_s_ctranslate2_unpruned": speed["unpruned"],
+                    "speedup_ctranslate2": round(speed["pruned"] / speed["unpruned"], 3)})
+    print(f"CTranslate2 model: {dest} ({cfg.quantization}); heads per layer: encoder {heads['encoder']}, decoder "
+          f"{heads['decoder']}; attention MACs {metrics['attention_macs_pct_ctranslate2']} % of the unpruned model's "
+          f"(the mask's: {metrics['attention_macs_pct_mask']} %); {speed['pruned']} sentences/s against the "
+          f"unpruned model's {speed['unpruned']} ({metrics['speedup_ctranslate2']}x, beam {cfg.generation.beam}, "
+          f"{cfg.speed_split} split)")
+    return metrics
+
+
+main = hydra_app("export")(export)

@@ -1,0 +1,112 @@
+"""`hprune export`: a CTranslate2 model directory built from an hprune model computes what hprune computes (the
+same greedy translations, log-probabilities within 1e-4), unpruned and with heads removed unevenly (padded per
+stack); bad input is one line, nothing written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SMALL_DATA, hprune
+from test_cli import assert_one_line_error
+
+pytest.importorskip("fairseq")
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+# one head left in an encoder layer, a decoder sublayer with none: the stacks are padded with zero heads
+UNEVEN = {"enc-self": [[1, 0, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]],
+          "dec-self": [[1, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 0]],
+          "dec-enc": [[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]]}
+GREEDY = ["generation.beam=1", "generation.max_len_b=200"]  # no translation cut by the length limit
+
+
+@pytest.fixture(scope="module")
+def loaded(trained_run, evaluated_run):
+    from hprune import backend
+    return backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+
+
+def split_sentences(loaded, split: str = "test"):
+    """{sentence id: (source tokens, target tokens)} as the model's symbols, without eos."""
+    from hprune import backend
+    src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
+    sentences = {}
+    for sample in backend.batches(loaded, split, 4096):
+        for i, src, tgt in zip(sample["id"].tolist(), sample["net_input"]["src_tokens"], sample["target"]):
+            words = lambda ids, d: [d[t] for t in ids.tolist() if t not in (d.pad(), d.eos())]  # noqa: E731
+            sentences[i] = (words(src, src_dict), words(tgt, tgt_dict))
+    return sentences
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_ctranslate2_export_translates_and_scores_as_hprune(masked, trained_run, loaded, tmp_path):
+    mask_args = []
+    if masked:
+        (tmp_path / "mask.json").write_text(json.dumps(UNEVEN))
+        mask_args = [f"mask={tmp_path / 'mask.json'}"]
+    out = tmp_path / "export"
+    hprune("export", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", *mask_args)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["ctranslate2_encoder_heads"], metrics["ctranslate2_decoder_heads"]) == ((4, 4) if masked else (4, 4))
+    if masked:  # padded to 4 heads in every sublayer: none of the pruning survives in CTranslate2
+        assert metrics["attention_macs_pct_mask"] < 100 == metrics["attention_macs_pct_ctranslate2"]
+    hprune("eval", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'eval'}", *SMALL_DATA, "device=cpu", *GREEDY,
+           *mask_args)
+    ours = (tmp_path / "eval" / "hypotheses.test.txt").read_text().splitlines()
+
+    sentences = split_sentences(loaded)
+    ids = sorted(sentences)
+    translator = ctranslate2.Translator(str(out / "ctranslate2"), device="cpu", compute_type="float32")
+    results = translator.translate_batch([sentences[i][0] for i in ids], beam_size=1, max_decoding_length=250,
+                                         min_decoding_length=1)
+    theirs = [" ".join(r.hypotheses[0]).replace("@@ ", "") for r in results]
+    # every translation that ended (eos before 200 tokens, below both limits) is the same; the model is young
+    # enough that a few loop until a limit, which the two runtimes set differently
+    ended = [n for n, r in enumerate(results) if len(r.hypotheses[0]) < 200]
+    assert len(ended) >= 0.9 * len(ids) and len({ours[n] for n in ended}) > 20
+    assert [theirs[n] for n in ended] == [ours[n] for n in ended]
+
+    # log-probabilities of the reference translations, against the model under the same mask
+    from hprune.pruning.heads import read_mask
+    loaded.model.set_head_mask(read_mask(tmp_path / "mask.json", {k: [4] * 3 for k in UNEVEN}) if masked else None)
+    scored = translator.score_batch([sentences[i][0] for i in ids], [sentences[i][1] for i in ids])
+    largest = 0.0
+    src_dict, tgt_dict = loaded.task.source_dictionary, loaded.task.target_dictionary
+    with torch.no_grad():
+        for i, result in zip(ids, scored):
+            source, target = sentences[i]
+            src = torch.tensor([[src_dict.index(w) for w in source] + [src_dict.eos()]])
+            tgt = [tgt_dict.index(w) for w in target] + [tgt_dict.eos()]
+            prev = torch.tensor([[tgt_dict.eos()] + tgt[:-1]])
+            logits = loaded.model(src, torch.tensor([src.size(1)]), prev)
+            mine = loaded.model.get_normalized_probs(logits, log_probs=True)[0, torch.arange(len(tgt)), tgt]
+            largest = max(largest, (mine - torch.tensor(result.log_probs)).abs().max().item())
+    loaded.model.set_head_mask(None)
+    assert largest < 1e-4
+
+
+def test_bad_export_settings_are_one_line(trained_run, tmp_path):
+    for extra, expected in ((["format=onnx"], "format=onnx is not one of ctranslate2, fairseq"),
+                            (["quantization=int4"], "quantization=int4 is not one of"),
+                            ([f"mask={tmp_path / 'mask.json'}"], "mask")):
+        (tmp_path / "mask.json").write_text(json.dumps({"enc-self": [[1, 1]]}))
+        out = tmp_path / "out"
+        proc = hprune("export", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", *extra,
+                      check=False)
+        assert_one_line_error(proc, expected)
+        assert not (out / "ctranslate2").exists() and not (out / "metrics.json").exists()
+
+
+def test_what_ctranslate2_cannot_hold_is_refused_in_one_line(monkeypatch):
+    from types import SimpleNamespace
+
+    from hprune.deploy.ctranslate2 import model_spec
+    from hprune.errors import UserError
+    moa = SimpleNamespace(moa_layers=lambda: iter([("enc-self", 0, None)]))
+    with pytest.raises(UserError, match="no mixture-of-attention-heads layer; export MoA models with format=fairseq"):
+        model_spec(moa, SimpleNamespace(), None, None)
+    monkeypatch.setitem(__import__("sys").modules, "ctranslate2", None)  # as if it were not installed
+    with pytest.raises(UserError, match=r"pip install 'hprune\[deploy\]'"):
+        model_spec(moa, SimpleNamespace(), None, None)
