@@ -197,7 +197,8 @@ def pruned_model(loaded: Loaded, kept: dict) -> torch.nn.Module:
     model = copy.deepcopy(loaded.model).float().cpu()
     model.set_head_mask(None)
     model.keep_heads(kept)
-    return model.eval()
+    model.eval()  # (not `return model.eval()`: after a beam search fairseq's replacement train() returns None)
+    return model
 
 
 def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
