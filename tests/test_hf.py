@@ -239,3 +239,25 @@ def test_hugging_face_folders_hprune_does_not_import_are_one_line(fsmt, marian, 
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # an install without the hf extra
     with pytest.raises(UserError, match=r"pip install 'hprune\[hf\]'"):
         backend.import_hf(marian["dir"], tmp_path / "models")
+
+
+def test_an_imported_model_exported_to_ctranslate2_scores_as_hprune(hf_model, tmp_path):
+    """Marian's positions, decoder start vector and output bias, FSMT's separate vocabularies: the CTranslate2
+    export of the imported model, with heads removed unevenly, gives its log-probabilities."""
+    pytest.importorskip("ctranslate2")
+    from hprune import backend
+    from test_export import largest_log_prob_difference
+    mask = {"enc-self": [[1, 0, 1, 1], [0, 0, 0, 1]], "dec-self": [[1, 1, 1, 0], [1, 0, 1, 1]],
+            "dec-enc": [[0, 1, 1, 1], [1, 1, 0, 0]]}
+    (tmp_path / "mask.json").write_text(json.dumps(mask))
+    out = tmp_path / "export"
+    test = f"{{src:{hf_model['root'] / 'test.en'},tgt:{hf_model['root'] / 'test.fr'}}}"
+    hprune("export", f"ckpt={hf_model['dir']}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
+           f"data.test_sets=[{test}]", "data.max_pieces_per_word=null", f"mask={tmp_path / 'mask.json'}",
+           "speed_split=test", "loss_split=test", "device=cpu", f"hydra.run.dir={out}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["subword_files"] and all((out / "ctranslate2" / name).is_file() for name in metrics["subword_files"])
+    loaded = backend.load_model(Path(metrics["checkpoint"]), Path(metrics["data_bin"]))
+    largest = largest_log_prob_difference(loaded, out / "ctranslate2", "test", mask)
+    assert largest < 1e-4, largest
+    print(f"{hf_model['dir'].name}: CTranslate2 export, max |log p| difference {largest:.1e}")

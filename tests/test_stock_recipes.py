@@ -110,6 +110,11 @@ def test_a_recipe_checkpoint_computes_and_translates_as_stock_fairseq(recipe, re
         stock_loss, stock_size, _ = recorded_criterion(ours.model, sample)
     assert size == stock_size and abs(loss.item() - stock_loss.item()) <= 1e-4 * abs(stock_loss.item())
 
+    # the CTranslate2 export (post-norm, learned positions, layernorm_embedding, separate output embedding)
+    from test_export import largest_log_prob_difference
+    hprune("export", f"ckpt={ckpt}", f"hydra.run.dir={tmp_path / 'ct2'}", *SMALL_DATA, "device=cpu")
+    assert largest_log_prob_difference(ours, tmp_path / "ct2" / "ctranslate2", "valid", None) < 1e-4
+
 
 def run_method(recipe_ckpt, recipe: str, method: str, out: Path) -> dict:
     hprune("prune", "--method", method, f"ckpt={recipe_ckpt(recipe)}", f"hydra.run.dir={out}", *SMALL_DATA,
