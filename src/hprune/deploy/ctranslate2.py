@@ -148,13 +148,7 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
         project_in_out=decoder.project_in_dim is not None, head_dim=decoder.layers[0].self_attn.head_dim)
     spec = transformer_spec.TransformerSpec(enc, dec)
 
-    enc.embeddings[0].weight = _np(encoder.embed_tokens.weight)
-    enc.scale_embeddings = float(encoder.embed_scale)
-    _positions(enc.position_encodings, encoder)
-    if encoder.layernorm_embedding is not None:
-        _layer_norm(enc.layernorm_embedding, encoder.layernorm_embedding)
-    if encoder.layer_norm is not None:
-        _layer_norm(enc.layer_norm, encoder.layer_norm)
+    _stack_ends(enc, enc.embeddings[0], encoder, encoder.embed_tokens.weight)
     for layer_spec, layer in zip(enc.layer, encoder.layers):
         _attention(layer_spec.self_attention, layer.self_attn, heads["encoder"], self_attention=True)
         _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
@@ -164,13 +158,7 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
     start = getattr(decoder.embed_tokens, "start", None)
     if start is not None:  # Marian's start vector: the decoder's first input, eos, never comes again as input
         embedding[decoder.embed_tokens.start_index] = start.detach()
-    dec.embeddings.weight = _np(embedding)
-    dec.scale_embeddings = float(decoder.embed_scale)
-    _positions(dec.position_encodings, decoder)
-    if decoder.layernorm_embedding is not None:
-        _layer_norm(dec.layernorm_embedding, decoder.layernorm_embedding)
-    if decoder.layer_norm is not None:
-        _layer_norm(dec.layer_norm, decoder.layer_norm)
+    _stack_ends(dec, dec.embeddings, decoder, embedding)
     if decoder.project_in_dim is not None:
         _linear(dec.project_in, decoder.project_in_dim.weight, decoder.project_in_dim.bias)
     if decoder.project_out_dim is not None:
@@ -188,6 +176,18 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
     spec.config.decoder_start_token = spec.config.eos_token  # fairseq's decoder input starts with eos
     spec.config.add_source_eos = True  # and its source ends with one
     return spec
+
+
+def _stack_ends(spec, embeddings_spec, module, embedding: torch.Tensor) -> None:
+    """What a stack has besides its layers: token embeddings and their scale, positions, layernorm_embedding,
+    the final layer norm of a pre-norm stack."""
+    embeddings_spec.weight = _np(embedding)
+    spec.scale_embeddings = float(module.embed_scale)
+    _positions(spec.position_encodings, module)
+    if module.layernorm_embedding is not None:
+        _layer_norm(spec.layernorm_embedding, module.layernorm_embedding)
+    if module.layer_norm is not None:
+        _layer_norm(spec.layer_norm, module.layer_norm)
 
 
 def _ffn(spec, layer) -> None:
