@@ -61,16 +61,14 @@ def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "trai
     if script is not None:
         write_atomic(script, shlex.join(["fairseq-train", *argv]) + "\n")
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
-    repair_resume_point(Path(args.save_dir))
+    resumed_updates = repair_resume_point(Path(args.save_dir))
     # fairseq keeps the best validation loss on the function object: a second training in this process (the
     # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
     vars(checkpoint_utils.save_checkpoint).pop("best", None)
     cfg = to_omegaconf(args)
-    last = Path(args.save_dir) / "checkpoint_last.pt"
-    if cfg.optimization.max_update and last.exists() and \
-            checkpoint_summary(last)["num_updates"] >= cfg.optimization.max_update:
+    if cfg.optimization.max_update and resumed_updates is not None and resumed_updates >= cfg.optimization.max_update:
         # a run stopped after its last checkpoint: fairseq would resume with one update too many
-        log.info("%s: %s already holds all %d updates", label, last, cfg.optimization.max_update)
+        log.info("%s: %s already holds all %d updates", label, args.save_dir, cfg.optimization.max_update)
         from fairseq.logging import metrics
         metrics.reset()  # no speed to report for this call
         return
@@ -79,8 +77,9 @@ def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "trai
         distributed_utils.call_main(cfg, fairseq_train.main)
 
 
-def repair_resume_point(save_dir: Path) -> None:
-    """Make sure a killed run resumes: drop half-written files and a truncated `checkpoint_last.pt`.
+def repair_resume_point(save_dir: Path) -> Optional[int]:
+    """Make sure a killed run resumes: drop half-written files and a truncated `checkpoint_last.pt`. Returns
+    the updates the resume point holds (None: training starts afresh).
 
     fairseq writes each checkpoint to a temporary name and renames it, but then *copies* it to
     `checkpoint_last.pt`; a kill during that copy leaves a truncated file. We then fall back on the
@@ -90,22 +89,26 @@ def repair_resume_point(save_dir: Path) -> None:
         partial.unlink()
     last = save_dir / "checkpoint_last.pt"
     if not last.exists():
-        return
+        return None
     try:
-        load_checkpoint(last)
-        return
+        return _updates(load_checkpoint(last))
     except CorruptCheckpointError:
         log.warning("%s is truncated; resuming from the newest interval checkpoint instead", last)
     candidates = sorted(save_dir.glob("checkpoint_*_*.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
     for candidate in candidates:
         try:
-            load_checkpoint(candidate)
+            updates = _updates(load_checkpoint(candidate))
         except CorruptCheckpointError:
             continue
         shutil.copyfile(candidate, last.with_suffix(".pt.tmp"))
         os.replace(last.with_suffix(".pt.tmp"), last)
-        return
+        return updates
     last.unlink()  # nothing readable: start over rather than crash
+    return None
+
+
+def _updates(state: dict) -> int:
+    return state["optimizer_history"][-1]["num_updates"]
 
 
 def train_speed() -> dict:
@@ -123,7 +126,7 @@ def checkpoint_summary(ckpt: Path) -> dict:
     state = load_checkpoint(ckpt)
     storages = {t.untyped_storage().data_ptr(): t.numel() for t in state["model"].values()}  # tied weights once
     extra = state.get("extra_state") or {}
-    return {"num_updates": state["optimizer_history"][-1]["num_updates"],
+    return {"num_updates": _updates(state),
             "epoch": (extra.get("train_iterator") or {}).get("epoch"),
             "best_valid_loss": extra.get("best"),
             "valid_loss": extra.get("val_loss"),
