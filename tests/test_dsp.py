@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -73,6 +74,35 @@ def test_dsp_keeps_exactly_k_heads_end_to_end(trained_run, tmp_path):
     assert metrics["export_same_translations"] and metrics["export_max_abs_diff"] < 1e-4
     assert not metrics["control"] and metrics["pct_pruned"] == pytest.approx(100 * 26 / 36, abs=0.01)
     assert 0 < metrics["attention_macs_pct"] < 100 and metrics["macs_removed_pct"] > 0
+
+
+def test_per_stack_read_out_and_the_selecting_checkpoint_exported_directly(trained_run, tmp_path):
+    """prune.layout=per_stack reads out at most K heads in a layout CTranslate2 holds (K = 10 of 3 encoder
+    layers and 3 decoder layers of 4 heads: 1 per encoder layer and 1 per decoder sublayer, 9); `hprune export`
+    of the selecting checkpoint with that head_mask.json folds the selection as the run did."""
+    pytest.importorskip("ctranslate2")
+    from hprune import backend
+    from test_export import largest_log_prob_difference
+    out = tmp_path / "run"
+    hprune("prune", "--method", "dsp", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.head_budget=10", "prune.optim.max_update=20", "prune.cooldown=10", "prune.optim.max_tokens=2048",
+           "prune.export=true", "prune.layout=per_stack")
+    metrics = json.loads((out / "metrics.json").read_text())
+    logits = pd.read_csv(out / "dsp_logits.csv")
+    assert metrics["layout"] == "per_stack" and logits["kept_free"].sum() == 10 and logits["kept"].sum() == 9
+    assert (metrics["kept_enc_self"], metrics["kept_dec_self"], metrics["kept_dec_enc"]) == (3, 3, 3)
+    for (kind, layer), heads in logits.groupby(["type", "layer"]):  # each sublayer keeps its highest logit
+        assert heads.loc[heads["kept"] == 1, "logit"].item() == heads["logit"].max()
+    assert metrics["export_same_translations"] and metrics["export_max_abs_diff"] < 1e-4
+
+    export = tmp_path / "ct2"
+    hprune("export", f"ckpt={out / 'checkpoints' / 'checkpoint_last.pt'}", f"mask={out / 'head_mask.json'}",
+           f"hydra.run.dir={export}", *SMALL_DATA, "device=cpu")
+    exported = json.loads((export / "metrics.json").read_text())
+    assert (exported["ctranslate2_encoder_heads"], exported["ctranslate2_decoder_heads"]) == (1, 1)
+    assert exported["attention_macs_pct_ctranslate2"] == exported["attention_macs_pct_mask"]  # no padding
+    folded = backend.load_model(out / "checkpoints" / "checkpoint_pruned.pt", Path(metrics["data_bin"]))
+    assert largest_log_prob_difference(folded, export / "ctranslate2", "valid", None) < 1e-4
 
 
 @pytest.mark.parametrize("extra,expected", [

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from conftest import SMALL_DATA, hprune
-from test_cli import assert_one_line_error
 
 pytest.importorskip("fairseq")
 FISHER = ["--method", "fisher", *SMALL_DATA, "device=cpu", "prune.calibration.sentences=128"]
@@ -134,23 +133,36 @@ def test_fisher_end_to_end_meets_the_budget_in_counted_macs(trained_run, tmp_pat
     assert list(pd.read_csv(tmp_path / "search" / "stages.csv")["stage"]) == ["search"]
 
 
-@pytest.mark.parametrize("extra,expected", [
-    (["prune.macs_budget=0"], "prune.macs_budget=0 is outside (0, 1]"),
-    (["prune.macs_budget=1.5"], "prune.macs_budget=1.5 is outside (0, 1]"),
-    (["prune.calibration.split=dev"], "pick a split it has"),
-    (["prune.calibration.sentences=0"], "prune.calibration.sentences=0"),
-])
-def test_bad_settings(trained_run, tmp_path, extra, expected):
+def test_per_stack_search_is_the_best_layout_within_the_budget(trained_run, loaded, tmp_path):
+    """prune.layout=per_stack: the search keeps the per_stack set of the most Fisher information that fits the
+    budget (against all 16 per_stack sets, their MACs counted here), and rearrangement keeps the layout."""
+    from hprune import backend
+    from hprune.flops import mask_macs, unit_costs
+    from test_prune_cli import is_per_stack
     out = tmp_path / "run"
-    proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, *extra, check=False)
-    assert_one_line_error(proc, expected)
-    assert not (out / "metrics.json").exists() and not (out / "head_mask.json").exists()
-
-
-def test_empty_calibration_split_stops_before_any_output(trained_run, tmp_path):
-    out = tmp_path / "run"
-    data = [o for o in SMALL_DATA if "n_test" not in o] + ["data.params.n_test=0"]
-    proc = hprune("prune", "--method", "fisher", f"ckpt={trained_run}", f"hydra.run.dir={out}", *data, "device=cpu",
-                  "split=valid", "prune.calibration.split=test", check=False)
-    assert_one_line_error(proc, "empty")
-    assert not (out / "hypotheses").exists() and not (out / "metrics.json").exists()
+    hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, "prune.macs_budget=0.6",
+           "prune.layout=per_stack", "prune.tune=false", "prune.export=false")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["layout"] == "per_stack" and is_per_stack(json.loads((out / "head_mask.json").read_text()))
+    assert metrics["attention_macs_kept"] <= 0.6 * metrics["attention_macs_pool"]
+    table = pd.read_csv(out / "fisher.csv")
+    for column in ("kept_search", "kept"):
+        mask = {kind: [[0] * 4 for _ in range(3)] for kind in ("enc-self", "dec-self", "dec-enc")}
+        for row in table[table[column] == 1].itertuples():
+            mask[row.type][row.layer][row.head] = 1
+        assert is_per_stack(mask), column
+    # every per_stack set: each sublayer's k highest-Fisher heads, k per stack
+    costs = unit_costs(loaded.model, next(backend.batches(loaded, "valid", 4096, 1)))
+    types = ["enc-self", "dec-self", "dec-enc"]
+    budget = 0.6 * mask_macs(costs, {kind: [[1] * 4 for _ in range(3)] for kind in types}, types)
+    rank = table.groupby(["type", "layer"])["fisher"].rank(ascending=False, method="first")
+    fitting = {}
+    for k_enc in range(1, 5):
+        for k_dec in range(1, 5):
+            kept = rank <= table["type"].map({"enc-self": k_enc, "dec-self": k_dec, "dec-enc": k_dec})
+            mask = {kind: [[0] * 4 for _ in range(3)] for kind in types}
+            for row in table[kept].itertuples():
+                mask[row.type][row.layer][row.head] = 1
+            if mask_macs(costs, mask, types) <= budget + 1e-9:
+                fitting[(k_enc, k_dec)] = table.loc[kept, "fisher"].sum()
+    assert table.loc[table["kept_search"] == 1, "fisher"].sum() == pytest.approx(max(fitting.values()), rel=1e-6)

@@ -254,7 +254,7 @@ def test_an_imported_model_exported_to_ctranslate2_scores_as_hprune(hf_model, tm
     test = f"{{src:{hf_model['root'] / 'test.en'},tgt:{hf_model['root'] / 'test.fr'}}}"
     hprune("export", f"ckpt={hf_model['dir']}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
            f"data.test_sets=[{test}]", "data.max_pieces_per_word=null", f"mask={tmp_path / 'mask.json'}",
-           "speed_split=test", "loss_split=test", "device=cpu", f"hydra.run.dir={out}")
+           "speed_split=test", "device=cpu", f"hydra.run.dir={out}")  # loss_split follows speed_split
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["subword_files"] and all((out / "ctranslate2" / name).is_file() for name in metrics["subword_files"])
     loaded = backend.load_model(Path(metrics["checkpoint"]), Path(metrics["data_bin"]))

@@ -134,6 +134,39 @@ def test_finetuned_curve_is_measured_against_its_finetuning_control(trained_run,
     assert score(hypotheses, references)["bleu"] == row["bleu_control"]
 
 
+def is_per_stack(mask: dict) -> bool:
+    """Every encoder layer keeps one number of heads; every decoder layer another, in self- and cross-attention."""
+    encoder = {sum(row) for row in mask["enc-self"]}
+    decoder = {sum(row) for kind in ("dec-self", "dec-enc") for row in mask[kind]}
+    return len(encoder) == 1 and len(decoder) == 1
+
+
+def test_per_stack_layout_prunes_whole_levels_and_exports_without_padding(trained_run, tmp_path):
+    """3 encoder layers and 3 decoder layers (self + cross) of 4 heads: a level is 3 encoder or 6 decoder heads.
+    Every step is a per_stack mask that prunes at least the step's share (9, 18, 27 of the 36 heads), at most a
+    level more (cumulative: a step cannot give back what the last one pruned); its CTranslate2 export needs no
+    padding: all of the pruning survives there."""
+    out = tmp_path / "run"
+    hprune("prune", "--method=michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
+           "prune.step_pct=25", "prune.target_pct=50", "prune.layout=per_stack", "prune.baselines=[magnitude]")
+    metrics = json.loads((out / "metrics.json").read_text())
+    curve = pd.read_csv(out / "curve.csv")
+    assert (curve["layout"] == "per_stack").all() and metrics["layout"] == "per_stack"
+    for order, points in curve.groupby("order"):
+        assert all(n <= pruned < n + 6 for n, pruned in zip([0, 9, 18, 27], points["heads_pruned"])), order
+        assert (points["kept_enc_self"] % 3 == 0).all() and (points["kept_dec_self"] == points["kept_dec_enc"]).all()
+        assert (points["kept_dec_self"] % 3 == 0).all() and (points["kept_dec_self"] >= 3).all()
+    mask = json.loads((out / "head_mask.json").read_text())
+    assert is_per_stack(mask) and 50 <= metrics["pct_pruned"] < 50 + 100 * 6 / 36
+    pytest.importorskip("ctranslate2")
+    hprune("export", f"ckpt={trained_run}", f"mask={out / 'head_mask.json'}", f"hydra.run.dir={tmp_path / 'ct2'}",
+           *SMALL_DATA, "device=cpu")
+    exported = json.loads((tmp_path / "ct2" / "metrics.json").read_text())
+    assert exported["attention_macs_pct_ctranslate2"] == exported["attention_macs_pct_mask"] < 100
+    assert exported["ctranslate2_encoder_heads"] == sum(mask["enc-self"][0])
+    assert exported["speedup_ctranslate2_fixed_length"] > 0 and exported["decoding_length_fixed"] > 1
+
+
 def run_error(trained_run, tmp_path, *extra, ckpt=None):
     out = tmp_path / "run"
     proc = hprune("prune", f"ckpt={ckpt or trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", *extra,
@@ -152,6 +185,9 @@ def run_error(trained_run, tmp_path, *extra, ckpt=None):
     (["prune.importance.max_batches=0"], "leaves no data to score heads on"),
     (["prune.types=[enc-self,cross]"], "unknown attention type(s) ['cross']"),
     (["prune.baselines=[voita]"], "unknown pruning order 'voita'"),
+    (["prune.layout=stacked"], "prune.layout=stacked is not a layout"),
+    (["prune.layout=per_stack", "prune.types=[enc-self,dec-enc]"], "add dec-self to prune.types"),
+    (["prune.layout=per_stack", "prune.step_pct=80"], "and prune.layout=per_stack"),
 ])
 def test_bad_settings(trained_run, tmp_path, extra, expected):
     assert_one_line_error(run_error(trained_run, tmp_path, *extra), expected)

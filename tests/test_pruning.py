@@ -14,7 +14,18 @@ pytest.importorskip("fairseq")
 
 from hprune.errors import UserError  # noqa: E402
 from hprune.pruning import scores  # noqa: E402
-from hprune.pruning.heads import extend_pruned, heads_to_prune, kept_ids, mask_without, michel_id, present_heads, ranked  # noqa: E402
+from hprune.pruning.heads import (  # noqa: E402
+    check_layout,
+    extend_pruned,
+    heads_to_prune,
+    kept_ids,
+    mask_without,
+    max_prunable,
+    michel_id,
+    per_stack_masks,
+    present_heads,
+    ranked,
+)
 
 
 @pytest.fixture()
@@ -119,6 +130,49 @@ def test_choice_of_heads_respects_order_ties_and_layer_minimum():
     assert heads_to_prune(288, 10) == math.ceil(28.8) == 29
     assert michel_id(("dec-enc", 0, 3)) == "A:1:4"
     assert list(ranked(table)["rank"]) == list(range(8, 0, -1))
+
+
+def per_stack_counts(kept) -> dict:
+    """{(type, layer): heads kept} of a head set."""
+    counts: dict = {}
+    for kind, layer, _ in kept:
+        counts[(kind, layer)] = counts.get((kind, layer), 0) + 1
+    return counts
+
+
+def test_per_stack_layout_on_a_case_worked_by_hand():
+    """2 encoder layers and 2 decoder layers (self + cross) of 4 heads: an encoder level is 2 heads, a decoder
+    level 4. Pruning 12 of the 24: kept 12 = 2·K_enc + 4·K_dec, so (K_enc, K_dec) = (4, 1) or (2, 2); the
+    importance decides between them, and within a sublayer the least important heads go."""
+    heads = [(kind, layer, h) for kind in ("enc-self", "dec-self", "dec-enc") for layer in range(2) for h in range(4)]
+    importance = {head: 1.0 + head[2] / 10 for head in heads}  # head 0 the least important of every sublayer
+    table = lambda scores: pd.DataFrame([(*h, v) for h, v in scores.items()],  # noqa: E731
+                                        columns=["type", "layer", "head", "importance"])
+    pool = set(heads)
+    pruned = extend_pruned(table(importance), set(), 12, pool, 0, "per_stack")
+    assert per_stack_counts(pool - pruned) == {**{("enc-self", i): 2 for i in range(2)},
+                                               **{(k, i): 2 for k in ("dec-self", "dec-enc") for i in range(2)}}
+    assert {h for h in pruned if h[0] == "enc-self"} == {("enc-self", i, h) for i in range(2) for h in (0, 1)}
+    encoder_first = {h: v + (5 if h[0] == "enc-self" else 0) for h, v in importance.items()}  # the encoder matters
+    pruned = extend_pruned(table(encoder_first), set(), 12, pool, 0, "per_stack")
+    assert set(per_stack_counts(pool - pruned).values()) == {4, 1} and len(pruned) == 12
+    assert all(h[0] != "enc-self" for h in pruned) and ("dec-self", 0, 3) not in pruned
+    # 13 cannot be pruned exactly: the fewest above it (14 = 2 + 3·4), then cumulative from the 12 above
+    assert len(extend_pruned(table(importance), set(), 13, pool, 0, "per_stack")) == 14
+    assert extend_pruned(table(importance), pruned, 13, pool, 0, "per_stack") >= pruned
+    # every stack keeps at least one head per layer: 24 - 6 can go, not 19
+    assert max_prunable(pool, 0, "per_stack") == 18 and max_prunable(pool, 0, "free") == 24
+    with pytest.raises(UserError, match="cannot keep only 5 of 24 heads"):
+        extend_pruned(table(importance), set(), 19, pool, 0, "per_stack")
+    # (4 encoder levels) x (4 decoder levels), each the same number of heads in every sublayer of its stack
+    masks = per_stack_masks(pool, importance, 1)
+    assert len(masks) == 16 and all(len(set(per_stack_counts(kept)[(k, i)] for k in ("dec-self", "dec-enc")
+                                                                   for i in range(2))) == 1 for kept in masks)
+    for bad, types, message in (("stacked", ["enc-self"], "prune.layout=stacked is not a layout"),
+                                ("per_stack", ["enc-self", "dec-self"], "add dec-enc to prune.types")):
+        with pytest.raises(UserError, match=message):
+            check_layout(bad, types)
+    check_layout("per_stack", ["enc-self"])
 
 
 def test_physical_pruning_equals_masking_with_an_emptied_layer(loaded):

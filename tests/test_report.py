@@ -72,6 +72,25 @@ def test_tables_equal_hand_computed_values(tmp_path):
     assert grouped.loc["prune", "runs"] == 4 and grouped.loc["prune", "bleu"] == pytest.approx((29 + 29.5 + 28 + 20) / 4)
 
 
+def test_a_per_stack_run_is_its_own_method_beside_the_free_one(tmp_path):
+    """The same order on the same model in two layouts: two rows, each from its own points; and a fisher run's
+    layout from its metrics."""
+    study(tmp_path)
+    pruned = {"verb": "prune", "checkpoint": CKPT, "types": ["enc-self", "dec-self", "dec-enc"], "heads_pool": 36,
+              "bleu_unpruned": 30.0}
+    run = run_dir(tmp_path, "michel_per_stack", "prune", {**pruned, "method": "michel", "layout": "per_stack",
+                                                          "pct_pruned": 25.0, "bleu": 28.0})
+    pd.DataFrame([("michel", "per_stack", 0.0, 30.0), ("michel", "per_stack", 25.0, 28.0),
+                  ("michel", "per_stack", 50.0, 22.0)], columns=["order", "layout", "pct_pruned", "bleu"]
+                 ).to_csv(run / "curve.csv", index=False)
+    run_dir(tmp_path, "fisher", "prune", {**pruned, "method": "fisher", "layout": "per_stack", "pct_pruned": 50.0,
+                                          "bleu": 21.0, "macs_budget": 0.5, "attention_macs_pct": 50.0})
+    table = tables.comparison(collect([tmp_path]), [25, 50]).set_index("method")
+    assert table.loc["michel", "BLEU@50%"] == pytest.approx(20.0)  # the free curve alone (study's)
+    assert table.loc["michel (per_stack)", ["BLEU@25%", "BLEU@50%"]].tolist() == pytest.approx([28.0, 22.0])
+    assert table.loc["fisher (per_stack)", "BLEU@50%"] == pytest.approx(21.0)
+
+
 def test_dsp_against_its_control_and_a_budgeted_run_at_matched_macs(tmp_path):
     types = ["enc-self", "dec-self", "dec-enc"]
     pruned = {"verb": "prune", "checkpoint": CKPT, "types": types, "heads_pool": 36, "bleu_unpruned": 30.0}

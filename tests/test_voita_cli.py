@@ -1,7 +1,9 @@
 """`hprune prune --method voita` end to end on the small model, and its answers to bad input."""
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -37,11 +39,22 @@ def test_a_large_penalty_closes_every_gate_and_the_mask_reproduces_them(trained_
 
 def test_no_penalty_closes_no_gate(trained_run, tmp_path):
     metrics, gates = voita(trained_run, tmp_path / "run", "prune.l0_lambda=0", "prune.optim.lr=0.001",
-                           "prune.types=[enc-self,dec-enc]", "prune.freeze_decoder=false")
+                           "prune.types=[enc-self,dec-enc]", "prune.freeze_decoder=false", "prune.export=true")
     assert len(gates) == 24 and (gates["gate"] > 0).all()
     assert metrics["alive_heads"] == 24 and metrics["pct_pruned"] == 0
     # gates strictly between 0 and 1, folded into out_proj: the ungated model translates exactly as the gated one
     assert not metrics["gates_binary"] and metrics["bleu"] == metrics["bleu_gates"]
+    if importlib.util.find_spec("ctranslate2") is None:
+        return
+    # the gated checkpoint exported to CTranslate2 directly: its gates folded in as the run folded them
+    from hprune import backend
+    from test_export import largest_log_prob_difference
+    out = tmp_path / "ct2"
+    hprune("export", f"ckpt={tmp_path / 'run' / 'checkpoints' / 'checkpoint_last.pt'}", f"hydra.run.dir={out}",
+           *SMALL_DATA, "device=cpu")
+    folded = backend.load_model(tmp_path / "run" / "checkpoints" / "checkpoint_pruned.pt",
+                                Path(metrics["data_bin"]))
+    assert largest_log_prob_difference(folded, out / "ctranslate2", "valid", None) < 1e-4
 
 
 @pytest.mark.slow  # 105 s: the longest test; `make test-full` runs it (CI time, issue 16 stop)

@@ -3,6 +3,7 @@ pre-seeded sacreBLEU cache, sacremoses, subword-nmt and fairseq-preprocess."""
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import socket
@@ -162,6 +163,8 @@ def test_prepare_end_to_end_then_cached_then_partly_rebuilt(tmp_path, sacrebleu_
     applied = text_dir.parent / json.loads((text_dir / "DONE").read_text())["inputs"]["apply_bpe"]
     before = list(zip(*((applied / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "de"))))
     assert len(before) == total - total // 100 and before[0][0].startswith("word word")  # the planted long pair
+    learned = text_dir.parent / json.loads((applied / "DONE").read_text())["inputs"]["learn_bpe"]
+    assert (root / "bpecodes").read_bytes() == (learned / "codes").read_bytes()  # beside the data: for deployment
     kept = [(s, t) for s, t in before if 1 <= len(s.split()) <= 250 and 1 <= len(t.split()) <= 250
             and len(s.split()) / len(t.split()) <= 1.5 and len(t.split()) / len(s.split()) <= 1.5]
     assert len(kept) <= len(before) - 2  # at least the two planted pairs go
@@ -213,6 +216,10 @@ def test_train_and_eval_on_wmt_data_score_detokenized_output_against_pristine_re
     assert not any(mark in h for h in hypotheses for mark in ("@@", "&apos;", "&quot;", " ."))  # BPE and Moses undone
     expected = BLEU().corpus_score(hypotheses, [[t for _, t in TEST_PAIRS]]).score
     assert metrics["bleu"] == pytest.approx(expected, abs=1e-3)
+    if importlib.util.find_spec("ctranslate2") is not None:  # the exported model comes with its BPE codes
+        hprune("export", *data, f"ckpt={tmp_path / 'train'}", "device=cpu", f"hydra.run.dir={tmp_path / 'export'}")
+        exported = json.loads((tmp_path / "export" / "metrics.json").read_text())
+        assert exported["subword_files"] == ["bpecodes"] and (tmp_path / "export" / "ctranslate2" / "bpecodes").is_file()
 
 
 def test_sentencepiece_option_learns_and_segments_losslessly(tmp_path):

@@ -36,10 +36,7 @@ def main() -> None:
     models = {"unpruned": backend.pruned_model(full, {k: [list(range(n)) for n in v] for k, v in layout(full.model).items()}),
               "half the heads": backend.pruned_model(full, kept)}
     dictionaries = (full.task.source_dictionary, full.task.target_dictionary)
-    sources = []
-    for sample in backend.batches(full, "test", None, max_sentences=SENTENCES):
-        for tokens in sample["net_input"]["src_tokens"].tolist():
-            sources.append([dictionaries[0][t] for t in tokens if t not in (dictionaries[0].pad(), dictionaries[0].eos())])
+    sources = [source for source, _ in backend.split_symbols(full, "test")]
 
     # fairseq: hprune's beam search on the physically pruned model
     gen = OmegaConf.create({"beam": BEAM, "lenpen": 1.0, "max_len_a": 0, "max_len_b": LENGTH, "min_len": LENGTH,

@@ -167,6 +167,25 @@ class Session:
     def read_mask(self, path: str | Path, key: str = "mask") -> Mask:
         return read_mask(path, layout(self.model), key)
 
+    def fold_gates(self, mask: Optional[Mask]) -> Optional[Mask]:
+        """A gated (Voita) or DSP checkpoint as `hprune prune` reads it out: each gated head that `mask` keeps
+        (default: the gates' own read-out, gate > 0 / the top K) gets its deterministic gate folded into its
+        weights (a DSP head: 1, the selection is the mask), every other gated head 0; the mask of the heads kept
+        is returned. A model without gates: `mask` as given."""
+        gated = [(kind, layer, m) for kind, layer, m in self.model.attention_modules() if m.gate is not None]
+        if not gated:
+            return mask
+        kept, values = mask or self.unpruned_mask(), {}
+        for kind, layer, module in gated:
+            for h, gate in zip(module.head_ids, module.gate.deterministic().tolist()):
+                if mask is None:
+                    kept[kind][layer][h] = int(gate > 0)
+                selection = hasattr(module.gate, "selector")  # DSP: a 0/1 top-K whose keeping is the mask's
+                values[(kind, layer, h)] = (1.0 if selection else gate) * kept[kind][layer][h]
+        self.model.fold_gates(values)
+        log.info("gates folded into the weights: %d of %d gated heads kept", sum(map(bool, values.values())), len(values))
+        return kept
+
     def state(self) -> dict:
         """A CPU copy of the weights (restored with load_state)."""
         return {name: tensor.detach().cpu().clone() for name, tensor in self.model.state_dict().items()}
@@ -203,9 +222,20 @@ class Session:
         """Beam search on a split (cfg.split) with cfg.generation, scored against the split's raw references:
         (translations, {bleu, chrf and their signatures})."""
         cfg, split = self.cfg, split or self.cfg.split
-        detokenizer = "moses" if self.data.get("tokenizer") == "moses" else None  # null/none: nothing to undo
-        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, self.data.post_process, detokenizer)
+        result = backend.translate(self.loaded, cfg.generation, split, cfg.seed, self.data.post_process,
+                                   self._detokenizer)
         return result, score(result.hypotheses, self.references(split, result.sentences))
+
+    @property
+    def _detokenizer(self) -> Optional[str]:
+        return "moses" if self.data.get("tokenizer") == "moses" else None  # null/none: nothing to undo
+
+    def score_symbols(self, hypotheses: list[list[str]], split: str) -> Tuple[list[str], dict]:
+        """Another runtime's translations of a split, as target symbols: their text as `translate` writes it, and
+        its scores against the split's references."""
+        text = backend.symbols_to_text(self.loaded, self.data.post_process, self._detokenizer)
+        lines = [text(symbols) for symbols in hypotheses]
+        return lines, score(lines, self.references(split, len(lines)))
 
     def references(self, split: str, sentences: int) -> list[str]:
         return read_references(self.data_bin.parent / "raw" / f"{split}.{self.data.tgt_lang}", sentences)
@@ -294,19 +324,19 @@ class Session:
 
     def source_tokens(self, split: str) -> list[list[str]]:
         """The source side of a split as the model's tokens (no eos), in sentence order."""
-        dictionary, sentences = self.loaded.task.source_dictionary, {}
-        for sample in self.batches(split, EVAL_MAX_TOKENS):
-            for i, tokens in zip(sample["id"].tolist(), sample["net_input"]["src_tokens"].tolist()):
-                sentences[i] = [dictionary[t] for t in tokens if t not in (dictionary.pad(), dictionary.eos())]
-        return [sentences[i] for i in sorted(sentences)]
+        return [source for source, _ in backend.split_symbols(self.loaded, split, EVAL_MAX_TOKENS)]
 
     def subword_files(self) -> list[Path]:
         """The files that turn text into the model's tokens: a published or imported model's codes or
-        sentencepiece models (data=pretrained); none for data hprune prepares."""
-        if self.data.kind != "pretrained":
-            return []
-        from .data.pretrained import model_files
-        return sorted({path for path in model_files(self.data).codes if path is not None})
+        sentencepiece models (data=pretrained), the BPE codes or sentencepiece model hprune learnt for a WMT
+        data set (data sets prepared before issue 27 lack the copy: prepare them again); none for the others."""
+        if self.data.kind == "pretrained":
+            from .data.pretrained import model_files
+            return sorted({path for path in model_files(self.data).codes if path is not None})
+        if self.data.kind == "wmt":
+            from .data.wmt import SUBWORD_FILES
+            return [self.data_bin.parent / name for name in SUBWORD_FILES.values() if (self.data_bin.parent / name).is_file()]
+        return []
 
     def continue_training_argv(self, save_dir: Path, seed: int, criterion: str, options: list) -> list:
         """fairseq-train flags that continue training this checkpoint (its architecture and label smoothing as

@@ -297,12 +297,15 @@ class HpruneTransformerModel(TransformerModel):
         """The attention modules with Hard Concrete gates, as attention_modules() names them."""
         return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m.gate, HardConcreteGate))
 
-    def fold_gates(self) -> None:
+    def fold_gates(self, values: Optional[Dict[Tuple[str, int, int], float]] = None) -> None:
         """Fold every deterministic gate (Hard Concrete or DSP) into its out_proj columns (HeadAttention.fold_gate):
-        same outputs in eval mode, and a plain ungated model that can be masked, fine-tuned and physically pruned."""
-        for _, _, module in self.attention_modules():
+        same outputs in eval mode, and a plain ungated model that can be masked, fine-tuned and physically pruned.
+        `values`: {(type, layer, head): value} folded instead (a read-out other than the gates' own)."""
+        for kind, layer, module in self.attention_modules():
             if module.gate is not None:
-                module.fold_gate()
+                weight = next(module.parameters())
+                module.fold_gate(None if values is None else torch.tensor(
+                    [values[(kind, layer, h)] for h in module.head_ids], dtype=weight.dtype, device=weight.device))
         for buffer in ("budget_state", "head_selector"):
             if hasattr(self, buffer):
                 delattr(self, buffer)

@@ -69,10 +69,10 @@ class HeadUnits(Gated):
         self.head_ids = [self.head_ids[i] for i in local]
 
     @torch.no_grad()
-    def fold_gate(self) -> Tensor:
-        """Remove the gate, folding its deterministic values into the weights so that the module computes
-        exactly what the gated module computed at test time. Returns the gate values folded in."""
-        values = self.gate.deterministic()
+    def fold_gate(self, values: Optional[Tensor] = None) -> Tensor:
+        """Remove the gate, folding its deterministic values (or `values`, one per head) into the weights so that
+        the module computes exactly what the gated module computed at test time. Returns the values folded in."""
+        values = self.gate.deterministic() if values is None else values
         self._fold(values)
         self.gate = None
         return values

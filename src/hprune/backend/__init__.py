@@ -31,7 +31,15 @@ from .commands import (  # noqa: E402
 )
 from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa: E402
 from .finetuning import finetune  # noqa: E402
-from .generation import Translations, batches, split_loss, split_targets, translate  # noqa: E402
+from .generation import (  # noqa: E402
+    Translations,
+    batches,
+    split_loss,
+    split_symbols,
+    split_targets,
+    symbols_to_text,
+    translate,
+)  # noqa: E402
 from .hf import import_hf, is_hf_dir  # noqa: E402
 from .loading import (  # noqa: E402
     Checkpoint,
@@ -57,6 +65,5 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model",
-           "pruned_model", "read_checkpoint",
-           "repair_resume_point", "resolve_device", "split_loss", "split_targets", "tensorboard_flags", "train", "train_argv",
-           "train_speed", "translate"]
+           "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_device", "split_loss", "split_symbols",
+           "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv", "train_speed", "translate"]

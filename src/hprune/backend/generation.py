@@ -5,7 +5,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 from fairseq import options
@@ -113,6 +113,22 @@ def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: 
             yield utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
 
 
+def split_symbols(loaded: Loaded, split: str, max_tokens: int = 4096) -> List[Tuple[List[str], List[str]]]:
+    """Each sentence of a binarized split as (source, target) symbols of the model's dictionaries, without eos
+    or padding, in sentence-id order: the tokens another runtime (CTranslate2) is given."""
+    source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
+
+    def symbols(ids, dictionary) -> List[str]:
+        return [dictionary[t] for t in ids if t not in (dictionary.pad(), dictionary.eos())]
+
+    sentences = {}
+    for sample in batches(loaded, split, max_tokens):
+        for i, src, tgt in zip(sample["id"].tolist(), sample["net_input"]["src_tokens"].tolist(),
+                               sample["target"].tolist()):
+            sentences[i] = (symbols(src, source), symbols(tgt, target))
+    return [sentences[i] for i in sorted(sentences)]
+
+
 def load_split(loaded: Loaded, split: str) -> None:
     """Check a split exists and is not empty, and read its binarized data once per loaded model (pruning runs
     translate and score it dozens of times)."""
@@ -140,20 +156,40 @@ def split_loss(loaded: Loaded, criterion, split: str, max_tokens: int) -> dict:
     return {"loss": loss / sample_size / math.log(2), "nll_loss": nll / ntokens / math.log(2)}
 
 
+def _detokenizer(tokenizer: Optional[str], src: str, tgt: str):
+    """fairseq's --tokenizer (its decode undoes it), or None."""
+    from argparse import Namespace
+
+    from fairseq.data import encoders
+
+    return encoders.build_tokenizer(Namespace(tokenizer=tokenizer, moses_source_lang=src, moses_target_lang=tgt,
+                                              moses_no_dash_splits=False, moses_no_escape=False)) if tokenizer else None
+
+
+def symbols_to_text(loaded: Loaded, post_process: Optional[str] = None,
+                    tokenizer: Optional[str] = None) -> Callable[[List[str]], str]:
+    """Target symbols another runtime produced, as the text of fairseq-generate's hypothesis (translate's): the
+    dictionary's post-processing (BPE removed), then the detokenizer."""
+    dictionary = loaded.task.target_dictionary
+    detok = _detokenizer(tokenizer, loaded.cfg.task.source_lang, loaded.cfg.task.target_lang)
+
+    def text(symbols: List[str]) -> str:
+        line = dictionary.string(torch.tensor([dictionary.index(s) for s in symbols], dtype=torch.long), post_process)
+        return detok.decode(line) if detok is not None else line
+    return text
+
+
 def split_targets(data_bin: Path, split: str, src: str, tgt: str, post_process: Optional[str] = None,
                   tokenizer: Optional[str] = None) -> List[str]:
     """The target side of a binarized split as text, as fairseq-generate prints its T- lines (BPE removed,
     detokenized): the references of a data-bin that came without its raw text."""
-    from argparse import Namespace
-
-    from fairseq.data import Dictionary, data_utils, encoders
+    from fairseq.data import Dictionary, data_utils
 
     dictionary = Dictionary.load(str(Path(data_bin) / f"dict.{tgt}.txt"))
     dataset = data_utils.load_indexed_dataset(str(Path(data_bin) / f"{split}.{src}-{tgt}.{tgt}"), dictionary)
     if dataset is None:
         raise UserError(f"{data_bin} has no {split} split with {tgt} targets ({split}.{src}-{tgt}.{tgt}.bin)")
-    detok = encoders.build_tokenizer(Namespace(tokenizer=tokenizer, moses_source_lang=src, moses_target_lang=tgt,
-                                               moses_no_dash_splits=False, moses_no_escape=False)) if tokenizer else None
+    detok = _detokenizer(tokenizer, src, tgt)
     lines = []
     for i in range(len(dataset)):
         text = dictionary.string(dataset[i], post_process, escape_unk=True)

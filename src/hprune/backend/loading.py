@@ -214,6 +214,9 @@ def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[
     state["model"] = model.state_dict()
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
     as_hprune_model(model_cfg, config_from or loaded.path)  # a stock Transformer's export is an hprune model
+    for gates in ("head_gates", "dsp_heads"):  # a gated checkpoint's export has its gates folded in
+        if getattr(model_cfg, gates, None) is not None:
+            setattr(model_cfg, gates, None)
     # the languages recorded even where the original was trained without -s/-t: the export says what it translates
     task_cfg = state["cfg"]["task"] if state.get("cfg") is not None else state["args"]
     for key in ("source_lang", "target_lang"):

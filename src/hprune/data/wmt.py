@@ -33,6 +33,7 @@ from .text import keep_pair, learn_sentencepiece, learn_subword_nmt, map_file
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1  # bump when a stage's output changes for the same inputs
 BPE_KINDS = ("subword_nmt", "sentencepiece")
+SUBWORD_FILES = {"subword_nmt": "bpecodes", "sentencepiece": "spm.model"}  # in the data set folder, beside bin/
 TOKENIZERS = ("moses", None)
 NOT_IDENTITY = ("workers", "download_retries")  # how a data set is built, not what it is
 
@@ -240,7 +241,8 @@ def _clean(data: DictConfig, bpe: Path, extracted: Path, out: Path) -> dict:
 def prepare_text(data: DictConfig, data_root: Path) -> dict[str, Path]:
     """Every stage up to BPE'd text. The training side and the test side are separate chains, so adding a test
     set does not re-tokenize the training corpus. Returns the stage folders: train (clean), test (BPE'd test
-    sets), and raw_test (their untokenized sources and pristine references)."""
+    sets), and raw_test (their untokenized sources and pristine references); and subwords, the BPE codes or
+    sentencepiece model learnt."""
     check_wmt(data)
     stages = data_root / "stages" / data.name
     downloads = _fetch_all(data, data_root)
@@ -268,7 +270,7 @@ def prepare_text(data: DictConfig, data_root: Path) -> dict[str, Path]:
                           lambda out: _map_files(tokenizer, splits, data, tests, out))
     tests_bpe = run_stage(stages, "apply_bpe_test", {"learn_bpe": learned.name, "tokenize_test": tests_tok.name},
                           lambda out: _map_files(segment, splits, data, tests_tok, out))
-    return {"train": cleaned, "test": tests_bpe, "raw_test": tests}
+    return {"train": cleaned, "test": tests_bpe, "raw_test": tests, "subwords": Path(model)}
 
 
 def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
@@ -287,11 +289,13 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
         for split in _test_splits(data):
             os.symlink(stages["test"] / f"{split}.{lang}", text / f"{split}.{lang}")
             shutil.copyfile(stages["raw_test"] / f"{split}.{lang}", raw / f"{split}.{lang}")
+    shutil.copyfile(stages["subwords"], staging / SUBWORD_FILES[data.bpe])  # what a deployed model encodes with
     backend.binarize(text, staging / "bin", src, tgt, workers=int(data.workers),
                      joined=bool(data.joined_dictionary), test_splits=_test_splits(data))
     shutil.rmtree(text)
     test_info = json.loads((stages["raw_test"] / "DONE").read_text())["splits"]
-    summary = {"name": data.name, "pair": f"{src}-{tgt}", "stages": {k: str(v) for k, v in stages.items()},
+    summary = {"name": data.name, "pair": f"{src}-{tgt}", "stages": {k: str(v) for k, v in stages.items()
+                                                                     if k != "subwords"},
                "splits": {"train": _count(stages["train"] / f"train.{src}"),
                           "valid": _count(stages["train"] / f"valid.{src}"),
                           **{k: v["sentences"] for k, v in test_info.items()}},

@@ -208,9 +208,13 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
     src, tgt = data.src_lang, data.tgt_lang
     bpe = data.get("bpe") if data.get("bpe") not in (None, "auto") else None
     if any(name.endswith(".model") for name in subword_files):
+        moses = data.get("tokenizer") == "moses"  # hprune's WMT data: Moses-tokenized before the pieces
         encode = (f"sp = sentencepiece.SentencePieceProcessor(model_file='{subword_files[0]}')\n"
-                  "tokens = [sp.encode(line, out_type=str) for line in lines]")
-        decode = "text = [sp.decode(h.hypotheses[0]) for h in results]"
+                  + (f"# Moses-tokenize (sacremoses, {src}) first, as the data was\n"
+                     "tokens = [sp.encode(moses.tokenize(line, return_str=True), out_type=str) for line in lines]"
+                     if moses else "tokens = [sp.encode(line, out_type=str) for line in lines]"))
+        decode = ("text = [moses_detok.detokenize(sp.decode(h.hypotheses[0]).split()) for h in results]" if moses
+                  else "text = [sp.decode(h.hypotheses[0]) for h in results]")
     elif subword_files:
         encode = (f"# Moses-tokenize (sacremoses, {src}), then apply {subword_files[0]} with subword-nmt\n"
                   f"bpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
@@ -228,10 +232,33 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
             + (f" ({bpe})" if bpe else "") + ".\n")
 
 
+def translate(model_dir: str, sources: List[List[str]], generation, device: str = "cpu",
+               threads: int = 0) -> List[List[str]]:
+    """Beam search in CTranslate2 with hprune's generation settings: beam, length penalty, minimum length, and
+    fairseq's length limit max_len_a · |source + eos| + max_len_b per sentence (fairseq applies the longest
+    source's limit to its whole batch: the one place the two can differ). Sentences that share a limit are
+    translated in one call. The best hypothesis of each, as target symbols."""
+    translator = _ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
+    limit = [int(generation.max_len_a * (len(source) + 1) + generation.max_len_b) for source in sources]
+    hypotheses: List[List[str]] = [[] for _ in sources]
+    for length in sorted(set(limit)):
+        ids = [i for i, n in enumerate(limit) if n == length]
+        results = translator.translate_batch([sources[i] for i in ids], beam_size=generation.beam,
+                                             length_penalty=generation.lenpen, min_decoding_length=generation.min_len,
+                                             max_decoding_length=length, max_batch_size=64)
+        for i, result in zip(ids, results):
+            hypotheses[i] = result.hypotheses[0]
+    return hypotheses
+
+
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
-                    rounds: int = 2, device: str = "cpu") -> Dict[str, float]:
+                    rounds: int = 2, device: str = "cpu", length: Optional[int] = None) -> Dict[str, float]:
     """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
-    alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine)."""
+    alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine).
+    `length`: every hypothesis decoded to exactly that many tokens, so that the models do the same steps (a
+    pruned model that stops later, or loops to the limit, is otherwise slower for what it says, not for what
+    it is)."""
+    fixed = {} if length is None else {"min_decoding_length": length, "max_decoding_length": length}
     import time
 
     ctranslate2 = _ctranslate2()
@@ -243,6 +270,6 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
     for _ in range(rounds):
         for name, translator in translators.items():
             started = time.perf_counter()
-            translator.translate_batch(sources, beam_size=beam, max_batch_size=64)
+            translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
             best[name] = max(best[name], len(sources) / (time.perf_counter() - started))
     return {name: round(value, 2) for name, value in best.items()}

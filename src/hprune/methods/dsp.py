@@ -80,7 +80,7 @@ def dsp(start, cfg: DictConfig, out: Path) -> dict:
     selecting, seconds = trained.train(start, cfg, selection_options(p), out, "subset selection")
     logits = logit_table(selecting.model)
     bleu_selector = selecting.translate()[1]["bleu"]  # eval mode: the hard top-K
-    closed, mask, pruned = trained.read_out(selecting, logits, p.optim.max_tokens, out)
+    logits, closed, mask, pruned = trained.read_out(selecting, logits, "logit", p, out)
     write_atomic(out / "dsp_logits.csv", logits.to_csv(index=False))
     plots.head_heatmaps(logits, "logit", out / "dsp_logits.png", f"DSP logits, K = {p.head_budget}")
     metrics = {

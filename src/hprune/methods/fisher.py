@@ -39,7 +39,7 @@ from ..attention_types import check_attention_types
 from ..errors import UserError
 from ..files import write_atomic, write_json
 from ..flops import mask_macs
-from ..pruning.heads import Head, describe_kept, mask_without, pool_of
+from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from . import register_method, trained
 
@@ -70,6 +70,18 @@ def search(order: List[Head], budget: float, costs, types, model, pool: set) -> 
             break
         kept = trial
     return kept
+
+
+def search_per_stack(importance: Dict[Head, float], budget: float, costs, types, model, pool: set,
+                     floor: int) -> set:
+    """prune.layout=per_stack: of every per_stack head set (pruning/heads.per_stack_masks) whose attention MACs fit
+    in `budget`, the one with the largest summed Fisher information (the search's own objective, exactly)."""
+    fitting = [kept for kept in per_stack_masks(pool, importance, floor)
+               if mask_macs(costs, mask_without(model, pool - kept), types) <= budget + 1e-9]
+    if not fitting:
+        raise UserError(f"no per_stack layout fits this MACs budget: even {floor} head(s) per layer cost more; raise "
+                        "prune.macs_budget or use prune.layout=free")
+    return max(fitting, key=lambda kept: (sum(importance[h] for h in kept), len(kept)))
 
 
 def rearrange(kept: set, heads: List[Head], grads: torch.Tensor, types) -> set:
@@ -222,8 +234,14 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     seconds["fisher"] = time.perf_counter() - started
     order = [heads[i] for i in sorted(range(len(heads)), key=lambda i: (-float(importance[i]), i)) if heads[i] in pool]
     started = time.perf_counter()
-    kept = {"search": search(order, p.macs_budget * base, costs, types, model, pool)}
-    teacher_kept = search(order, math.sqrt(p.macs_budget) * base, costs, types, model, pool)
+    if p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
+        by_head = {head: float(importance[i]) for i, head in enumerate(heads)}
+        found = [search_per_stack(by_head, fraction * base, costs, types, model, pool, layer_floor(p.layout, 0))
+                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
+    else:
+        found = [search(order, fraction * base, costs, types, model, pool)
+                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
+    kept, teacher_kept = {"search": found[0]}, found[1]
     seconds["search"] = time.perf_counter() - started
     if p.rearrange:
         started = time.perf_counter()
@@ -258,7 +276,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     write_json(out / "head_mask.json", mask)
     macs = mask_macs(costs, mask, types)
     metrics = {
-        "method": "fisher", "split": cfg.split, "types": types, "macs_budget": p.macs_budget,
+        "method": "fisher", "layout": p.layout, "split": cfg.split, "types": types, "macs_budget": p.macs_budget,
         "calibration_split": c.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
         "rearrange": p.rearrange, "tune": p.tune, "tuning": stopped,
         **trained.outcome(session, types, pool, pool - final, mask, result, unpruned),

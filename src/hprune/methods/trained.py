@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from .. import backend, translations
 from ..files import write_json
-from ..pruning.heads import kept_columns, mask_without, pool_of
+from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of
 
 
 def train(start, cfg: DictConfig, options: list, out: Path, label: str):
@@ -33,17 +33,25 @@ def unpruned(start, cfg: DictConfig, out: Path) -> tuple:
     return pool_of(start.model, cfg.prune.types), result
 
 
-def read_out(trained, table: pd.DataFrame, max_tokens: int, out: Path):
-    """Fold the gates into the weights (the ungated model computes what the gated one did in eval mode), mask the
-    heads the read-out `table` (type, layer, head, kept) closes, and evaluate: (closed heads, mask, evaluation);
-    head_mask.json and the translations written."""
-    closed = {(r.type, r.layer, r.head) for r in table.itertuples() if not r.kept}
-    trained.model.fold_gates()
-    mask = mask_without(trained.model, closed)
-    result = trained.evaluate(mask, max_tokens)
+def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path):
+    """The read-out `table` (type, layer, head, kept, and the column `score`) under prune.layout; then fold the
+    kept heads' gates into the weights (Session.fold_gates: the ungated model computes what the gated one did in
+    eval mode), mask the closed heads and evaluate: (the table, closed heads, mask, evaluation); head_mask.json
+    and the translations written.
+
+    per_stack: of the per_stack head sets (pruning/heads.per_stack_kept) that keep no more heads than the gates
+    do, the one keeping the most, then the highest total `score`; `kept_free` records the gates' own read-out. A
+    head the layout keeps whose gate is 0 folds its 0 (training closed it: the read-out cannot reopen it)."""
+    if p.layout == "per_stack":
+        by_head = {(r.type, int(r.layer), int(r.head)): float(getattr(r, score)) for r in table.itertuples()}
+        kept = per_stack_kept(set(by_head), by_head, layer_floor(p.layout, 0), int(table["kept"].sum()))
+        table = table.assign(kept_free=table["kept"], kept=[int(head in kept) for head in by_head])
+    closed = {(r.type, int(r.layer), int(r.head)) for r in table.itertuples() if not r.kept}
+    mask = trained.fold_gates(mask_without(trained.model, closed))
+    result = trained.evaluate(mask, p.optim.max_tokens)
     translations.save(out, "pruned", result)
     write_json(out / "head_mask.json", mask)
-    return closed, mask, result
+    return table, closed, mask, result
 
 
 def outcome(session, types, pool: set, closed: set, mask: dict, result: dict, unpruned: dict) -> dict:
@@ -62,7 +70,7 @@ def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: 
     """The metrics every trained run reports; `seconds`: the training's (what finding the mask cost)."""
     p = cfg.prune
     return {
-        "method": p.method, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
+        "method": p.method, "layout": p.layout, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
         "seconds": seconds, **outcome(start, p.types, pool, closed, mask, result, unpruned), **start.provenance(),
     }
 

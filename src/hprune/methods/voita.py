@@ -135,7 +135,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     gated, seconds = trained.train(start, cfg, gate_options(p), out, "gates")
     gates = gate_table(gated.model)
     bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
-    closed, mask, pruned = trained.read_out(gated, gates, p.optim.max_tokens, out)
+    gates, closed, mask, pruned = trained.read_out(gated, gates, "log_alpha", p, out)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
     plots.head_heatmaps(gates, "gate", out / "gates.png", "deterministic gates, "

@@ -6,6 +6,7 @@ unpruned layout; Michel et al.'s `E:layer:head` ids (1-based; E enc-self, D dec-
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,10 @@ from ..attention_types import ATTENTION_TYPES
 from ..errors import UserError
 
 MICHEL_PREFIX = {"enc-self": "E", "dec-self": "D", "dec-enc": "A"}
+# prune.layout: `free` prunes any heads; `per_stack` keeps the same number of heads in every sublayer of a stack,
+# the decoder's self- and cross-attention sharing one count: the masks CTranslate2 holds without padding
+LAYOUTS = ("free", "per_stack")
+STACK = {"enc-self": "encoder", "dec-self": "decoder", "dec-enc": "decoder"}
 Head = Tuple[str, int, int]
 Mask = Dict[str, List[List[int]]]
 
@@ -97,11 +102,58 @@ def heads_to_prune(pool: int, pct: float) -> int:
     return math.ceil(round(pool * pct / 100, 9))
 
 
-def max_prunable(pool_heads: Iterable[Head], min_heads_per_layer: int) -> int:
+def check_layout(layout: str, types: Iterable[str]) -> None:
+    """Refuse a prune.layout that is unknown, or that the pool `types` cannot honour."""
+    if layout not in LAYOUTS:
+        raise UserError(f"prune.layout={layout} is not a layout; choose free (any heads) or per_stack (one head count "
+                        "per encoder layer and one per decoder layer, as CTranslate2 holds them)")
+    decoder = [kind for kind in ("dec-self", "dec-enc") if kind in types]
+    if layout == "per_stack" and len(decoder) == 1:
+        other = {"dec-self": "dec-enc", "dec-enc": "dec-self"}[decoder[0]]
+        raise UserError(f"prune.layout=per_stack keeps one head count for a decoder layer's self- and cross-attention, "
+                        f"so {decoder[0]} cannot be pruned while {other} keeps every head; add {other} to prune.types "
+                        "or use prune.layout=free")
+
+
+def layer_floor(layout: str, min_heads_per_layer: int) -> int:
+    """The fewest heads a sublayer of the pool keeps: per_stack keeps at least one (CTranslate2 holds no stack
+    without attention heads)."""
+    return max(1, min_heads_per_layer) if layout == "per_stack" else min_heads_per_layer
+
+
+def max_prunable(pool_heads: Iterable[Head], min_heads_per_layer: int, layout: str = "free") -> int:
+    floor = layer_floor(layout, min_heads_per_layer)
     per_layer: Dict[Tuple[str, int], int] = {}
     for kind, layer, _ in pool_heads:
         per_layer[(kind, layer)] = per_layer.get((kind, layer), 0) + 1
-    return sum(max(0, n - min_heads_per_layer) for n in per_layer.values())
+    return sum(max(0, n - floor) for n in per_layer.values())
+
+
+def per_stack_masks(pool: Set[Head], scores: Dict[Head, float], floor: int) -> List[Set[Head]]:
+    """Every head set of the per_stack layout within `pool`, as the heads kept: each stack keeps K heads in every
+    sublayer (fewer where the pool has fewer), its K highest-scored (ties: the lower id), for each K from `floor`
+    to the stack's largest sublayer. At most (heads + 1)² sets: small enough to search exhaustively."""
+    sublayers: Dict[Tuple[str, int], List[Head]] = {}
+    for head in pool:
+        sublayers.setdefault(head[:2], []).append(head)
+    stacks: Dict[str, List[List[Head]]] = {}
+    for (kind, _), heads in sorted(sublayers.items()):
+        stacks.setdefault(STACK[kind], []).append(sorted(heads, key=lambda h: (-scores[h], h[2])))
+    choices = []
+    for layers in stacks.values():
+        largest = max(map(len, layers))
+        choices.append([{h for heads in layers for h in heads[:k]} for k in range(min(floor, largest), largest + 1)])
+    return [set().union(*combination) for combination in itertools.product(*choices)]
+
+
+def per_stack_kept(pool: Set[Head], scores: Dict[Head, float], floor: int, keep: int) -> Set[Head]:
+    """The per_stack head set that keeps at most `keep` heads of `pool`: the one keeping the most, then the one
+    with the highest total score."""
+    fitting = [kept for kept in per_stack_masks(pool, scores, floor) if len(kept) <= keep]
+    if not fitting:
+        raise UserError(f"prune.layout=per_stack cannot keep only {keep} of {len(pool)} heads: every stack keeps at "
+                        f"least {floor} head(s) per layer; prune fewer heads or use prune.layout=free")
+    return max(fitting, key=lambda kept: (len(kept), sum(scores[h] for h in kept)))
 
 
 def ranked(scores: pd.DataFrame) -> pd.DataFrame:
@@ -114,10 +166,18 @@ def ranked(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def extend_pruned(scores: pd.DataFrame, pruned: Set[Head], n_total: int, pool: Set[Head],
-                  min_heads_per_layer: int) -> Set[Head]:
+                  min_heads_per_layer: int, layout: str = "free") -> Set[Head]:
     """Add the least important pool heads to `pruned` until it holds n_total heads, never leaving a layer
-    with fewer than min_heads_per_layer alive heads."""
+    with fewer than min_heads_per_layer alive heads. per_stack: the per_stack set of the still alive heads that
+    prunes at least n_total heads in all, and of those the fewest, then the least important
+    (per_stack_kept)."""
     pruned = set(pruned)
+    if layout == "per_stack":
+        alive_heads = pool - pruned
+        by_head = {(row.type, int(row.layer), int(row.head)): float(row.importance)
+                   for row in scores.itertuples(index=False)}
+        kept = per_stack_kept(alive_heads, by_head, layer_floor(layout, min_heads_per_layer), len(pool) - n_total)
+        return pruned | (alive_heads - kept)
     alive: Dict[Tuple[str, int], int] = {}
     for kind, layer, h in pool - pruned:
         alive[(kind, layer)] = alive.get((kind, layer), 0) + 1

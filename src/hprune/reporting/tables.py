@@ -22,7 +22,7 @@ from .significance import paired_bootstrap
 GROUP = ["checkpoint", "types"]  # one comparison: the same model, the same pool of heads
 P_VALUE_COLUMNS = ("p@", "p_")
 MATCH_PCT = 0.5  # a point measured within this many percentage points of a target sparsity is "at" it
-RUN_COLUMNS = ["run", "verb", "method", "pct_pruned", "kept_heads", "bleu", "delta_bleu", "chrf"]
+RUN_COLUMNS = ["run", "verb", "method", "layout", "pct_pruned", "kept_heads", "bleu", "delta_bleu", "chrf"]
 
 
 def markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
@@ -67,7 +67,7 @@ def cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------------------------- comparison
-POINT_COLUMNS = ["run", *GROUP, "method", "pct_pruned", "attention_macs_pct", "macs_budget", "bleu", "bleu_unpruned",
+POINT_COLUMNS = ["run", *GROUP, "method", "layout", "pct_pruned", "attention_macs_pct", "macs_budget", "bleu", "bleu_unpruned",
                  "recipe", "train_seed", "seed", *SCORING_KEYS]
 MATCH_MACS = 2.5  # a single run measured within this many points of attention MACs kept is "at" that level
 
@@ -136,6 +136,9 @@ def pruning_points(collection: Collection) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=POINT_COLUMNS)
     points = pd.concat(parts, ignore_index=True).dropna(subset=["pct_pruned", "bleu"])
+    # a layout other than free is another method on the same model: compared with the free one, not mixed in
+    points["method"] = [m if pd.isna(layout) or layout == "free" else f"{m} ({layout})"
+                        for m, layout in zip(points["method"], points["layout"])]
     points = points.astype({"pct_pruned": float, "bleu": float, "bleu_reference": float})
     points["delta"] = points["bleu"] - points["bleu_reference"]
     return points

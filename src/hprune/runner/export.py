@@ -29,7 +29,7 @@ def export(cfg: DictConfig) -> dict:
     if cfg.format == "ctranslate2":
         ctranslate2.check_quantization(cfg.quantization)
     session = Session.open(cfg)
-    mask = session.read_mask(cfg.mask) if cfg.mask else session.unpruned_mask()
+    mask = session.fold_gates(session.read_mask(cfg.mask) if cfg.mask else None) or session.unpruned_mask()
     out = run_dir()
     metrics = {"format": cfg.format, "mask": cfg.mask, **kept_columns(mask), **session.provenance()}
     if cfg.format == "fairseq":
@@ -58,13 +58,24 @@ def export(cfg: DictConfig) -> dict:
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(staging, dest)
 
+    # quality: the export's beam search against hprune's on the masked model, the same split and settings
+    masked = session.evaluate(mask, cfg.max_tokens)
+    theirs, quality = session.score_symbols(
+        ctranslate2.translate(str(dest), session.source_tokens(cfg.split), cfg.generation, session.device, cfg.threads),
+        cfg.split)
+    metrics.update({"split": cfg.split, "bleu": quality["bleu"], "bleu_hprune": masked["bleu"],
+                    "bleu_signature": quality["bleu_signature"],
+                    "translations_differ": sum(a != b for a, b in zip(theirs, masked["hypotheses"]))})
+
     # speed in CTranslate2: this export against the unpruned model written the same way
     with tempfile.TemporaryDirectory() as unpruned:
         ctranslate2.save(ctranslate2.model_spec(session.pruned_copy(session.unpruned_mask()), session.loaded.cfg.model,
                                                 *session.dictionaries), unpruned, cfg.quantization)
-        speed = ctranslate2.sentences_per_s({"pruned": str(dest), "unpruned": unpruned},
-                                            session.source_tokens(cfg.speed_split), cfg.generation.beam, cfg.threads,
-                                            device=session.device)
+        models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
+        length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
+        speed = {decoding: ctranslate2.sentences_per_s(models, sources, cfg.generation.beam, cfg.threads,
+                                                       device=session.device, length=fixed)
+                 for decoding, fixed in (("free", None), ("fixed", length))}
     heads = ctranslate2.stack_heads(model)
     costs = session.unit_costs()
     macs = {name: mask_macs(costs, m, ATTENTION_TYPES)
@@ -75,14 +86,19 @@ def export(cfg: DictConfig) -> dict:
                     "attention_macs_pct_mask": round(100 * macs["mask"] / macs["unpruned"], 2),
                     "attention_macs_pct_ctranslate2": round(100 * macs["ctranslate2"] / macs["unpruned"], 2),
                     "subword_files": [p.name for p in subwords], "speed_split": cfg.speed_split,
-                    "sentences_per_s_ctranslate2": speed["pruned"],
-                    "sentences_per_s_ctranslate2_unpruned": speed["unpruned"],
-                    "speedup_ctranslate2": round(speed["pruned"] / speed["unpruned"], 3)})
-    print(f"CTranslate2 model: {dest} ({cfg.quantization}); heads per layer: encoder {heads['encoder']}, decoder "
-          f"{heads['decoder']}; attention MACs {metrics['attention_macs_pct_ctranslate2']} % of the unpruned model's "
-          f"(the mask's: {metrics['attention_macs_pct_mask']} %); {speed['pruned']} sentences/s against the "
-          f"unpruned model's {speed['unpruned']} ({metrics['speedup_ctranslate2']}x, beam {cfg.generation.beam}, "
-          f"{cfg.speed_split} split)")
+                    "sentences_per_s_ctranslate2": speed["free"]["pruned"],
+                    "sentences_per_s_ctranslate2_unpruned": speed["free"]["unpruned"],
+                    "speedup_ctranslate2": round(speed["free"]["pruned"] / speed["free"]["unpruned"], 3),
+                    "decoding_length_fixed": length,
+                    "speedup_ctranslate2_fixed_length": round(speed["fixed"]["pruned"] / speed["fixed"]["unpruned"], 3)})
+    m = metrics
+    print(f"CTranslate2 model: {dest} ({cfg.quantization}); BLEU {m['bleu']:.2f} on {cfg.split} (hprune, masked: "
+          f"{m['bleu_hprune']:.2f}; {m['translations_differ']} of {len(theirs)} translations differ); heads per layer: "
+          f"encoder {heads['encoder']}, decoder {heads['decoder']}; attention MACs {m['attention_macs_pct_ctranslate2']} "
+          f"% of the unpruned model's (the mask's: {m['attention_macs_pct_mask']} %); {speed['free']['pruned']} "
+          f"sentences/s against the unpruned model's {speed['free']['unpruned']} ({m['speedup_ctranslate2']}x, beam "
+          f"{cfg.generation.beam}, {cfg.speed_split} split), {m['speedup_ctranslate2_fixed_length']}x with every "
+          f"translation {length} tokens long (the same decoding steps)")
     return metrics
 
 

@@ -25,6 +25,7 @@ from ..files import run_dir, write_atomic, write_json
 from ..pruning.heads import (
     Head,
     Mask,
+    check_layout,
     extend_pruned,
     heads_to_prune,
     kept_columns,
@@ -43,6 +44,7 @@ from . import hydra_app
 
 log = logging.getLogger(__name__)
 ABLATIONS = ("single", "one_head", "types")
+CURVE_ONLY = ["step", "pct_target", "layout"]  # curve.csv's columns that curve.md leaves out (the layout: one per run)
 
 
 def check_settings(p: DictConfig, orders: List[str]) -> List[float]:
@@ -165,13 +167,14 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
             n = heads_to_prune(len(pool), pct)
             if p.reestimate and pruned:
                 table = head_scores(session, method, mask_without(session.model, pruned))
-            pruned = extend_pruned(table, pruned, n, pool, p.min_heads_per_layer)
+            pruned = extend_pruned(table, pruned, n, pool, p.min_heads_per_layer, p.layout)
             mask = mask_without(session.model, pruned)
+            n = len(pruned)  # per_stack may prune a few more than the step's share
             if p.finetune.updates and n:
                 session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
             result = unpruned if n == 0 else session.evaluate(mask, p.importance.max_tokens)
             control = controls.get(step)
-            row = {"order": method, "step": step, "pct_target": pct, "heads_pruned": n,
+            row = {"order": method, "layout": p.layout, "step": step, "pct_target": pct, "heads_pruned": n,
                    "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask),
                    "attention_macs_pct": session.attention_macs_pct(mask, p.types), "bleu": result["bleu"],
                    "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "chrf": result["chrf"],
@@ -198,6 +201,7 @@ def prune(cfg: DictConfig) -> dict:
     method = get_method(p.method)
     if method.check is not None:
         method.check(p)
+    check_layout(p.layout, p.types)
     if method.procedure:  # voita's gates, dsp, fisher: a procedure of its own, the same verb and outputs
         return method.run(Session.open(cfg), cfg, run_dir())
     orders = method_names(procedure=False)
@@ -211,10 +215,10 @@ def prune(cfg: DictConfig) -> dict:
         others = ", ".join(name for name in orders if not get_method(name).needs_head_maps)
         raise UserError(f"{needs_maps[0]} needs per-head attention maps, which the MoA experts of {', '.join(experts)} "
                         f"do not have; rank experts with {others} (prune.baselines=...)")
-    if max(steps) > 0 and heads_to_prune(len(pool), max(steps)) > max_prunable(pool, p.min_heads_per_layer):
+    if max(steps) > 0 and heads_to_prune(len(pool), max(steps)) > max_prunable(pool, p.min_heads_per_layer, p.layout):
         raise UserError(f"{max(steps)} % of the {len(pool)} heads of {', '.join(p.types)} is more than can be pruned "
-                        f"with prune.min_heads_per_layer={p.min_heads_per_layer}; lower prune.step_pct's range, "
-                        "prune.target_pct or that minimum")
+                        f"with prune.min_heads_per_layer={p.min_heads_per_layer} and prune.layout={p.layout}; lower "
+                        "prune.step_pct's range, prune.target_pct or that minimum")
     out = run_dir()
 
     log.info("scoring %d heads of %s (%s)", len(pool), ", ".join(p.types), p.method)
@@ -233,7 +237,7 @@ def prune(cfg: DictConfig) -> dict:
     def write_curve(rows: list) -> None:
         table = pd.DataFrame(all_rows + rows)
         write_atomic(out / "curve.csv", table.to_csv(index=False))
-        write_atomic(out / "curve.md", markdown(table.drop(columns=["step", "pct_target"])))
+        write_atomic(out / "curve.md", markdown(table.drop(columns=CURVE_ONLY)))
 
     def candidate(row: dict) -> bool:
         """head_mask.json is the last candidate step of the method's own order."""
@@ -257,7 +261,7 @@ def prune(cfg: DictConfig) -> dict:
     write_json(out / "head_mask.json", chosen_mask)
 
     metrics = {
-        "method": p.method, "split": cfg.split,
+        "method": p.method, "layout": p.layout, "split": cfg.split,
         "bleu": chosen["bleu"], "delta_bleu": chosen["delta_bleu"], "bleu_unpruned": unpruned["bleu"],
         "chrf": chosen["chrf"], "valid_loss": chosen["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
         "pct_pruned": chosen["pct_pruned"], "heads_pruned": chosen["heads_pruned"], "heads_pool": len(pool),
@@ -273,9 +277,9 @@ def prune(cfg: DictConfig) -> dict:
             session.load_state(chosen_weights)  # the fine-tuned weights of the chosen step
         metrics.update(session.export(chosen_mask, out / "checkpoints" / "checkpoint_pruned.pt", chosen_result,
                                       p.importance.max_tokens))
-    print(markdown(table.drop(columns=["step", "pct_target"])), end="")
-    print(f"head_mask.json: {chosen['pct_pruned']} % of {len(pool)} heads pruned, BLEU {chosen['bleu']:.2f} "
-          f"({chosen['delta_bleu']:+.2f} vs unpruned)")
+    print(markdown(table.drop(columns=CURVE_ONLY)), end="")
+    print(f"head_mask.json: {chosen['pct_pruned']} % of {len(pool)} heads pruned ({p.layout} layout), BLEU "
+          f"{chosen['bleu']:.2f} ({chosen['delta_bleu']:+.2f} vs unpruned)")
     if p.export:
         print(f"pruned checkpoint: {metrics['export_checkpoint']} ({metrics['params_removed_pct']} % fewer "
               f"parameters, BLEU {metrics['export_bleu']:.2f}, max |diff| {metrics['export_max_abs_diff']:.1e})")
