@@ -4,7 +4,8 @@
 #   seed 1 is outputs/demo (make demo); seeds 2 and 3 are trained into outputs/seeds/N
 #   per seed, under outputs/study/<seed>/:
 #     prune/      Michel's order and four others (random, confidence, magnitude, LRP), 0/25/50/75 %
-#     fisher/     Kwon et al.: MACs budget 0.5, no retraining
+#     fisher/1-3  Kwon et al.: MACs budget 0.5, no retraining, calibration sentences drawn with seeds 1, 2, 3
+#                 (seed=N: runs that differ in the seed alone, which the report aggregates as seeds)
 #     dsp/0, /1   DSP keeping 18 of 36 heads, and its control keeping all 36 (the same 400 updates)
 #     voita/0, /1 Voita's gates on all types (decoder not frozen), head budget 18, and the λ = 0 control
 #   then `hprune report outputs/study` (outputs/study/report/).
@@ -22,7 +23,10 @@ for seed in 1 2 3; do
   out="outputs/study/$seed"
   done_already "$out/prune" || step prune "$out/prune" "ckpt=$model" prune=michel prune.step_pct=25 \
     "prune.baselines=[random,confidence,magnitude,lrp]"
-  done_already "$out/fisher" || step prune "$out/fisher" "ckpt=$model" prune=fisher prune.macs_budget=0.5
+  for calibration in 1 2 3; do
+    done_already "$out/fisher/$calibration" || step prune "$out/fisher/$calibration" "ckpt=$model" prune=fisher \
+      prune.macs_budget=0.5 "seed=$calibration"  # the calibration draw: prune.calibration.seed is ${seed}
+  done
   done_already "$out/dsp" || $HPRUNE prune -m "hydra.sweep.dir=$out/dsp" "ckpt=$model" prune=dsp \
     prune.head_budget=18,36 ${HPRUNE_ARGS:-}
   done_already "$out/voita" || $HPRUNE prune -m "hydra.sweep.dir=$out/voita" "ckpt=$model" prune=voita "$ALL" \

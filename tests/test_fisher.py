@@ -24,12 +24,15 @@ def loaded(trained_run, evaluated_run):
 
 
 def test_mask_gradients_equal_autograd_of_an_explicit_head_mask(loaded):
+    """Per batch: the gradient of the batch's mean NLL per target token with respect to an explicit head mask.
+    Per sentence: one batch's per-sentence rows are the gradients of batch-size-1 passes over the same
+    sentences."""
     from hprune import backend
-    from hprune.pruning.scores import mask_gradients
+    from hprune.pruning.scores import mask_gradients, nll
 
-    model, criterion = loaded.model, backend.build_criterion(loaded)
-    batches = list(backend.batches(loaded, "valid", 600, 2))
-    heads, grads = mask_gradients(model, criterion, batches, loaded.task.target_dictionary.pad())
+    model, pad = loaded.model, loaded.task.target_dictionary.pad()
+    batches = backend.sampled_batches(loaded, "valid", 6, 3, seed=1)
+    heads, grads = mask_gradients(model, batches, pad, per="batch")
     assert grads.shape == (2, 36) and heads[0] == ("enc-self", 0, 0) and heads[-1] == ("dec-enc", 2, 3)
     model.eval()
     for b, sample in enumerate(batches):
@@ -37,10 +40,33 @@ def test_mask_gradients_equal_autograd_of_an_explicit_head_mask(loaded):
         for _, _, module in model.attention_modules():
             module.head_mask = torch.ones(module.num_heads, requires_grad=True)
             leaves.append(module.head_mask)
-        loss, sample_size, _ = criterion(model, sample)
-        (loss / sample_size).backward()
+        loss, tokens = nll(model, sample, pad)
+        (loss / tokens).backward()
         torch.testing.assert_close(torch.cat([leaf.grad for leaf in leaves]).double(), grads[b], rtol=1e-4, atol=1e-7)
         model.set_head_mask(None)
+    _, per_sentence = mask_gradients(model, batches, pad, per="sentence")  # rows in the batches' sentence order
+    singles = backend.sampled_batches(loaded, "valid", 6, 1, seed=1)
+    _, one_at_a_time = mask_gradients(model, singles, pad)
+    ids = [i for sample in batches for i in sample["id"].tolist()]  # a batch is collated longest source first
+    order = [ids.index(i) for sample in singles for i in sample["id"].tolist()]
+    assert per_sentence.shape == (6, 36) and sorted(order) == list(range(6))
+    torch.testing.assert_close(per_sentence[order], one_at_a_time, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(per_sentence.view(2, 3, 36).sum(1) / torch.tensor([[float(nll(model, s, pad)[1])]
+                                                                                  for s in batches]).double(),
+                               grads, rtol=1e-5, atol=1e-8)  # a batch's mean: its sentences' sum over its tokens
+
+
+def test_calibration_sentences_are_drawn_at_random_with_lengths_mixed(loaded):
+    from hprune import backend
+
+    first = backend.sampled_batches(loaded, "valid", 40, 8, seed=1)
+    again = backend.sampled_batches(loaded, "valid", 40, 8, seed=1)
+    other = backend.sampled_batches(loaded, "valid", 40, 8, seed=2)
+    ids = lambda batches: [i for b in batches for i in b["id"].tolist()]  # noqa: E731
+    assert len(ids(first)) == len(set(ids(first))) == 40 and ids(first) == ids(again) != ids(other)
+    assert ids(first) != sorted(ids(first))  # drawn, not read in order
+    lengths = [set(b["net_input"]["src_lengths"].tolist()) for b in first]
+    assert sum(len(batch) > 1 for batch in lengths) >= 3  # fairseq's iterator would bucket every batch to one length
 
 
 def test_rearrangement_on_a_case_worked_by_hand():

@@ -91,6 +91,22 @@ def test_a_per_stack_run_is_its_own_method_beside_the_free_one(tmp_path):
     assert table.loc["fisher (per_stack)", "BLEU@50%"] == pytest.approx(21.0)
 
 
+def test_only_runs_that_differ_in_the_seed_alone_are_averaged_as_seeds(tmp_path):
+    """A λ sweep's control (λ = 0) and a λ that pruned nothing sit at the same 0 %: two settings, two points. The
+    same λ with seeds 1 and 2: one point, their mean, counted as 2 seeds."""
+    from hprune.reporting.plots import curve_points
+    pruned = {"verb": "prune", "checkpoint": CKPT, "types": ["enc-self"], "heads_pool": 12, "bleu_unpruned": 30.0,
+              "method": "voita"}
+    for name, lam, seed, pct, bleu in (("control", 0.0, 1, 0.0, 31.0), ("small", 1.0, 1, 0.0, 29.0),
+                                       ("large_1", 4.0, 1, 50.0, 20.0), ("large_2", 4.0, 2, 50.0, 22.0)):
+        run_dir(tmp_path, name, "prune", {**pruned, "l0_lambda": lam, "pct_pruned": pct, "bleu": bleu},
+                config={"seed": seed, "prune": {"method": "voita", "l0_lambda": lam}})
+    points = curve_points(tables.pruning_points(collect([tmp_path])))
+    assert points[["pct_pruned", "mean", "count"]].values.tolist() == [[0.0, 29.0, 1], [0.0, 31.0, 1],
+                                                                       [50.0, 21.0, 2]] or \
+        points[["pct_pruned", "mean", "count"]].values.tolist() == [[0.0, 31.0, 1], [0.0, 29.0, 1], [50.0, 21.0, 2]]
+
+
 def test_dsp_against_its_control_and_a_budgeted_run_at_matched_macs(tmp_path):
     types = ["enc-self", "dec-self", "dec-enc"]
     pruned = {"verb": "prune", "checkpoint": CKPT, "types": types, "heads_pool": 36, "bleu_unpruned": 30.0}

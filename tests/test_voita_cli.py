@@ -59,18 +59,21 @@ def test_no_penalty_closes_no_gate(trained_run, tmp_path):
 
 @pytest.mark.slow  # 105 s: the longest test; `make test-full` runs it (CI time, issue 16 stop)
 def test_head_budget_lands_within_one_head_then_fine_tunes_exports_and_trains_from_scratch(trained_run, tmp_path):
-    """The budget mode ends within ±1 head of K on the synthetic task; then (a) fine-tuning with the mask fixed,
-    the physically pruned export of those weights, and (b) the same heads trained from scratch."""
+    """The budget mode's gates end within ±1 head of K on the synthetic task, and the read-out keeps exactly K;
+    then (a) fine-tuning with the mask fixed, the physically pruned export of those weights, and (b) the same
+    heads trained from scratch."""
     out = tmp_path / "run"
     metrics, gates = voita(trained_run, out, "prune.head_budget=6", "prune.optim.max_update=200",
                            "prune.optim.lr=0.02", "prune.budget_warmup=100", "prune.gate_init=null",
                            "prune.finetune.updates=10", "prune.export=true", "prune.from_scratch=true")
-    assert abs(metrics["kept_heads"] - 6) <= 1 and metrics["kept_enc_self"] == metrics["kept_heads"]
+    assert metrics["kept_heads"] == 6 == metrics["kept_enc_self"] and abs(metrics["kept_heads_gates"] - 6) <= 1
     assert metrics["head_budget"] == 6 and metrics["l0_lambda"] is None
-    assert gates["kept"].sum() == metrics["kept_heads"] and (gates["kept"] == (gates["gate"] > 0)).all()
+    assert gates["kept"].sum() == 6 and gates["kept_gates"].sum() == metrics["kept_heads_gates"]
+    assert set(gates.nlargest(6, "log_alpha").index) == set(gates.index[gates["kept"] == 1])
     mask = json.loads((out / "head_mask.json").read_text())
     assert sum(map(sum, mask["enc-self"])) == metrics["kept_heads"]
-    assert metrics["bleu"] == metrics["bleu_gates"]  # gates folded into the weights: the same translations
+    if metrics["kept_heads_gates"] == 6:  # gates folded into the weights: the same translations
+        assert metrics["bleu"] == metrics["bleu_gates"]
     alive = pd.read_csv(out / "alive_heads.csv")
     assert alive["kept_heads"].iloc[0] == 12 and alive["l0_lambda"].max() > 0
     # (a) and the export: the fine-tuned weights, physically pruned, translate as the masked model does
@@ -88,6 +91,16 @@ def test_head_budget_lands_within_one_head_then_fine_tunes_exports_and_trains_fr
     per_layer = [scratch["model"][f"encoder.layers.{i}.self_attn.q_proj.weight"].shape[0] // 16 for i in range(3)]
     assert per_layer == [sum(row) for row in mask["enc-self"]]
     assert metrics["scratch_updates"] == 150 and 0 <= metrics["bleu_scratch"] <= 100
+
+
+def test_exact_head_budget_reads_out_the_k_most_open_gates():
+    from hprune.methods.voita import exact_budget
+    gates = pd.DataFrame({"type": "enc-self", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                          "log_alpha": [2.0, -3.0, 0.5, -1.0], "gate": [1.0, 0.0, 0.7, 0.0], "kept": [1, 0, 1, 0]})
+    three = exact_budget(gates, 3)  # the controller stopped one head short: the next most open one is read out
+    assert three["kept"].tolist() == [1, 0, 1, 1] and three["kept_gates"].tolist() == [1, 0, 1, 0]
+    assert exact_budget(gates, 1)["kept"].tolist() == [1, 0, 0, 0]  # one head too many: the least open goes
+    assert exact_budget(gates, 2)["kept"].tolist() == gates["kept"].tolist()  # on K: the gates' own read-out
 
 
 @pytest.mark.parametrize("extra,expected", [

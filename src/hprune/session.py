@@ -170,8 +170,9 @@ class Session:
     def fold_gates(self, mask: Optional[Mask]) -> Optional[Mask]:
         """A gated (Voita) or DSP checkpoint as `hprune prune` reads it out: each gated head that `mask` keeps
         (default: the gates' own read-out, gate > 0 / the top K) gets its deterministic gate folded into its
-        weights (a DSP head: 1, the selection is the mask), every other gated head 0; the mask of the heads kept
-        is returned. A model without gates: `mask` as given."""
+        weights, every other gated head 0; a kept head whose gate is 0 (a DSP head outside the top K, a Voita head
+        an exact budget or a layout keeps) is folded at 1, its full output. The mask of the heads kept is
+        returned. A model without gates: `mask` as given."""
         gated = [(kind, layer, m) for kind, layer, m in self.model.attention_modules() if m.gate is not None]
         if not gated:
             return mask
@@ -180,8 +181,7 @@ class Session:
             for h, gate in zip(module.head_ids, module.gate.deterministic().tolist()):
                 if mask is None:
                     kept[kind][layer][h] = int(gate > 0)
-                selection = hasattr(module.gate, "selector")  # DSP: a 0/1 top-K whose keeping is the mask's
-                values[(kind, layer, h)] = (1.0 if selection else gate) * kept[kind][layer][h]
+                values[(kind, layer, h)] = (gate if gate > 0 else 1.0) * kept[kind][layer][h]
         self.model.fold_gates(values)
         log.info("gates folded into the weights: %d of %d gated heads kept", sum(map(bool, values.values())), len(values))
         return kept
@@ -213,6 +213,9 @@ class Session:
     def batches(self, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
                 shuffle_seed: Optional[int] = None, max_sentences: Optional[int] = None) -> Iterator[dict]:
         return backend.batches(self.loaded, split, max_tokens, max_batches, shuffle_seed, max_sentences)
+
+    def sampled_batches(self, split: str, sentences: int, batch_size: int, seed: int) -> list[dict]:
+        return backend.sampled_batches(self.loaded, split, sentences, batch_size, seed)
 
     def test_set(self, split: str) -> Optional[str]:
         return test_set_of(self.data_bin, split)

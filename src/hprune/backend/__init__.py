@@ -34,6 +34,7 @@ from .finetuning import finetune  # noqa: E402
 from .generation import (  # noqa: E402
     Translations,
     batches,
+    sampled_batches,
     split_loss,
     split_symbols,
     split_targets,
@@ -65,5 +66,6 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model",
-           "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_device", "split_loss", "split_symbols",
-           "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv", "train_speed", "translate"]
+           "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_device", "sampled_batches", "split_loss",
+           "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv",
+           "train_speed", "translate"]

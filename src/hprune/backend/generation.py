@@ -113,6 +113,23 @@ def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: 
             yield utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
 
 
+def sampled_batches(loaded: Loaded, split: str, sentences: int, batch_size: int, seed: int) -> List[dict]:
+    """`sentences` sentences drawn at random (without replacement, numpy's generator seeded with `seed`) from a
+    split, in batches of `batch_size` in the order drawn: sentences of mixed lengths in one batch, as a shuffled
+    data loader gives them, unlike fairseq's length-bucketed iterator. On the model's device."""
+    import numpy as np
+    from fairseq import utils
+
+    load_split(loaded, split)
+    dataset = loaded.task.dataset(split)
+    drawn = np.random.default_rng(seed).permutation(len(dataset))[:sentences]
+    batches = []
+    for start in range(0, len(drawn), batch_size):
+        sample = dataset.collater([dataset[int(i)] for i in drawn[start:start + batch_size]])
+        batches.append(utils.move_to_cuda(sample) if loaded.device == "cuda" else sample)
+    return batches
+
+
 def split_symbols(loaded: Loaded, split: str, max_tokens: int = 4096) -> List[Tuple[List[str], List[str]]]:
     """Each sentence of a binarized split as (source, target) symbols of the model's dictionaries, without eos
     or padding, in sentence-id order: the tokens another runtime (CTranslate2) is given."""

@@ -2,23 +2,30 @@
 al. 2022, "A Fast Post-Training Pruning Framework for Transformers"; code WoosukKwon/retraining-free-pruning).
 
 No training; four stages, each evaluated so that the ablation is recorded (stages.csv):
-1. Fisher: the gradient of each calibration batch's mean loss with respect to a mask on each head (at 1),
-   g_bh; a head's importance is Σ_b g_bh², the diagonal of the empirical Fisher information.
+1. Fisher: calibration sentences drawn at random (prune.calibration, seeded), batched with their lengths mixed;
+   the gradient of each sentence's negative log-likelihood with respect to a mask on each head (at 1), g_sh; a
+   head's importance is Σ_s g_sh², the diagonal of the empirical Fisher information (the paper's definition).
+   prune.fisher=per_batch takes one gradient per batch of its mean NLL instead, as the reference code does
+   (prune/fisher.py: `outputs.loss` of each batch of 32).
 2. Search: the heads of prune.types in descending importance; the longest prefix whose attention MACs
    (counted per target token, flops.unit_costs) fit in macs_budget × those of the unpruned heads.
 3. Rearrangement (prune.rearrange): in each layer, the same number of heads, but the set whose removal the
-   block-diagonal Fisher says costs least, Σ_b (Σ_{pruned h} g_bh)², found by the reference's greedy swaps.
+   block-diagonal Fisher says costs least, Σ_s (Σ_{pruned h} g_sh)², found by the reference's greedy swaps.
 4. Mask tuning (prune.tune): from the bottom layer up, the kept heads of each sublayer get the scales that
    best reproduce, in least squares over the calibration tokens, the sublayer's output (residual included)
    of a teacher: the model under the milder mask the search finds at budget^½ (the reference's schedule).
    The scales are folded into the heads' out_proj columns (an expert's W_o), so the result is an ordinary
    model pruned to the mask; the physically pruned export's MACs are counted: the MACs actually reached.
 
-Where hprune departs from the reference: heads only (the reference prunes FFN neurons too, in one budget);
-the budget is on the attention MACs of prune.types, not on the whole model; the least squares fit the
-scales alone (the reference fits a constant too and drops it, which can leave the error above the untuned
-one); the first self-attention of the encoder and of the decoder is not tuned, as the reference leaves its
-first layer (teacher and student see the same input there).
+Each stage is tested against the one before it (stages.csv: p_vs_previous, sacreBLEU's paired bootstrap on the
+test sentences, significance.resamples or 1000).
+
+Where hprune departs from the reference: the loss is the NLL of whole sentences, as the reference's is the
+cross-entropy of its examples (not the checkpoint's label-smoothed training loss); heads only (the reference
+prunes FFN neurons too, in one budget); the budget is on the attention MACs of prune.types, not on the whole
+model; the least squares fit the scales alone (the reference fits a constant too and drops it, which can leave the
+error above the untuned one); the first self-attention of the encoder and of the decoder is not tuned, as the
+reference leaves its first layer (teacher and student see the same input there).
 """
 from __future__ import annotations
 
@@ -41,10 +48,12 @@ from ..files import write_atomic, write_json
 from ..flops import mask_macs
 from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
+from ..reporting.significance import paired_bootstrap
 from . import register_method, trained
 
 log = logging.getLogger(__name__)
 EVAL_MAX_TOKENS = 4096
+STAGE_RESAMPLES = 1000  # the stages' paired bootstrap when significance.resamples is 0 (off for curves)
 
 
 def check_settings(p: DictConfig) -> None:
@@ -53,6 +62,9 @@ def check_settings(p: DictConfig) -> None:
         raise UserError(f"prune.macs_budget={p.macs_budget} is outside (0, 1]: it is the fraction of the attention "
                         "MACs to keep, e.g. prune.macs_budget=0.5")
     c = p.calibration
+    if p.fisher not in ("per_sentence", "per_batch"):
+        raise UserError(f"prune.fisher={p.fisher}: choose per_sentence (the paper's Fisher) or per_batch (the "
+                        "reference code's)")
     if c.sentences < 1 or c.batch_size < 1:
         raise UserError(f"prune.calibration.sentences={c.sentences} and .batch_size={c.batch_size} must be >= 1")
     if p.tune_max_scale <= 0:
@@ -220,7 +232,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     p, c = cfg.prune, cfg.prune.calibration
     model, types = session.model, list(p.types)
     started = time.perf_counter()  # the calibration data first: a missing or empty split stops before any output
-    batches = list(session.batches(c.split, None, math.ceil(c.sentences / c.batch_size), cfg.seed, c.batch_size))
+    batches = session.sampled_batches(c.split, c.sentences, c.batch_size, c.seed)
     seconds = {"calibration": time.perf_counter() - started}
     pool = pool_of(model, types)
     costs = session.unit_costs()
@@ -229,7 +241,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     translations.save(out, "unpruned", unpruned)
 
     started = time.perf_counter()
-    heads, grads = mask_gradients(model, session.criterion, batches, session.pad)
+    heads, grads = mask_gradients(model, batches, session.pad, per=p.fisher.removeprefix("per_"))
     importance = grads.pow(2).sum(0)
     seconds["fisher"] = time.perf_counter() - started
     order = [heads[i] for i in sorted(range(len(heads)), key=lambda i: (-float(importance[i]), i)) if heads[i] in pool]
@@ -264,6 +276,11 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         seconds["tune"] = time.perf_counter() - started
         results["tuned"] = session.evaluate(mask, EVAL_MAX_TOKENS)
         stages.append(_stage_row(session, "tuned", mask, results["tuned"], unpruned, types))
+    names, sig = list(results), cfg.significance  # each stage against the one before it, on the same sentences
+    for row, before, stage in zip(stages[1:], names, names[1:]):
+        test = paired_bootstrap(results[before]["hypotheses"], results[stage]["hypotheses"],
+                                results[stage]["references"], sig.resamples or STAGE_RESAMPLES, sig.seed)
+        row.update(p_vs_previous=round(test["p_value"], 4), significant_vs_previous=test["significant"])
     result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
     translations.save(out, "pruned", result)
 

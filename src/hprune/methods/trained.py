@@ -40,8 +40,8 @@ def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path)
     and the translations written.
 
     per_stack: of the per_stack head sets (pruning/heads.per_stack_kept) that keep no more heads than the gates
-    do, the one keeping the most, then the highest total `score`; `kept_free` records the gates' own read-out. A
-    head the layout keeps whose gate is 0 folds its 0 (training closed it: the read-out cannot reopen it)."""
+    do, the one keeping the most, then the highest total `score`; `kept_free` records the read-out before it. A
+    head the layout keeps whose gate is 0 is reopened at its full output (Session.fold_gates)."""
     if p.layout == "per_stack":
         by_head = {(r.type, int(r.layer), int(r.head)): float(getattr(r, score)) for r in table.itertuples()}
         kept = per_stack_kept(set(by_head), by_head, layer_floor(p.layout, 0), int(table["kept"].sum()))

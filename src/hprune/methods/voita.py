@@ -84,6 +84,15 @@ def gate_table(model) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def exact_budget(gates: pd.DataFrame, budget: int) -> pd.DataFrame:
+    """The head budget's controller lands within a head or two of K: read out exactly the K heads with the largest
+    log α (P(open) and the deterministic gate rise with it, so where the gates kept K this is their read-out).
+    `kept_gates` keeps the gates' own (gate > 0); a head kept here whose gate is 0 is reopened at its full output
+    when the gates are folded (Session.fold_gates)."""
+    top = gates.sort_values("log_alpha", ascending=False, kind="stable").index[:budget]
+    return gates.assign(kept_gates=gates["kept"], kept=gates.index.isin(top).astype(int))
+
+
 def gate_options(p: DictConfig) -> list:
     """The model and criterion flags of the gated training."""
     options = ["--l0-lambda", str(p.l0_lambda), "--l0-normalize", p.l0_normalize, "--head-gates", ",".join(p.types)]
@@ -134,6 +143,9 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
 
     gated, seconds = trained.train(start, cfg, gate_options(p), out, "gates")
     gates = gate_table(gated.model)
+    kept_by_gates = int(gates["kept"].sum())
+    if p.head_budget is not None:
+        gates = exact_budget(gates, p.head_budget)
     bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
     gates, closed, mask, pruned = trained.read_out(gated, gates, "log_alpha", p, out)
 
@@ -151,7 +163,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
         **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
         "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
         "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init, "bleu_gates": bleu_gates,
-        "alive_heads": int(gates["alive"].sum()),
+        "alive_heads": int(gates["alive"].sum()), "kept_heads_gates": kept_by_gates,
         "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
     }
     metrics.update(trained.finetune_and_export(start, gated, cfg, mask, pruned, unpruned, out))

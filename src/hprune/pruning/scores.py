@@ -12,12 +12,13 @@ Each function returns a DataFrame (type, layer, head, importance) over the heads
 * `magnitude`: Σ|W| + Σ|b| of the head's q/k/v rows, the L1 criterion of fairseq's
   `MultiheadAttention._get_reserve_head_index` (used for RoBERTa).
 * `random`: uniform scores from a seeded generator.
-`mask_gradients` gives Kwon et al.'s per-batch head-mask gradients, whose squares sum to the diagonal Fisher
-information their retraining-free pruning ranks heads by (methods/fisher.py).
+`mask_gradients` gives Kwon et al.'s head-mask gradients of the negative log-likelihood, per sentence (the
+paper's empirical Fisher) or per batch (their code's), whose squares sum to the diagonal Fisher information
+their retraining-free pruning ranks heads by (methods/fisher.py).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Callable, Dict, Iterable, Tuple
 
 import pandas as pd
 import torch
@@ -41,16 +42,28 @@ def _non_pad(sample: dict, pad: int) -> Dict[str, torch.Tensor]:
     return {"enc-self": source, "dec-self": target, "dec-enc": target}
 
 
-def _output_gradients(model, criterion, batches: Iterable[dict], per_token_loss: bool = False):
+def nll(model, sample: dict, pad: int) -> Tuple[torch.Tensor, int]:
+    """The summed negative log-likelihood of the sample's targets (no label smoothing, no auxiliary loss), and
+    the target tokens it sums over."""
+    logits = model(**sample["net_input"])
+    lprobs = model.get_normalized_probs(logits, log_probs=True)
+    target = sample["target"]
+    picked = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
+    real = target.ne(pad)
+    return -(picked * real).sum(), int(real.sum())
+
+
+def _output_gradients(model, loss_of: Callable, batches: Iterable[dict], per_token_loss: bool = False):
     """For each batch: the sample and, per attention sublayer, (type, layer, head outputs, their gradient) after
-    one forward and one backward of the criterion in eval mode (gradient None where no head reaches the loss).
-    `per_token_loss`: the loss divided by its sample size (target tokens), as a mean-loss training step sees it."""
+    one forward and one backward of `loss_of(model, sample) -> (summed loss, sample size, ...)` in eval mode
+    (gradient None where no head reaches the loss). `per_token_loss`: the loss divided by its sample size
+    (target tokens), as a mean-loss training step sees it."""
     model.eval()
     modules = list(model.attention_modules())
     model.record_heads(outputs=True)
     try:
         for sample in batches:
-            loss, sample_size, _ = criterion(model, sample)
+            loss, sample_size = loss_of(model, sample)[:2]
             if per_token_loss:
                 loss = loss / sample_size
             recorded = [(kind, layer, m.head_outputs) for kind, layer, m in modules if m.head_outputs is not None]
@@ -71,7 +84,7 @@ def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.Data
     enc-self, target tokens for the decoder's two). Returns the table and the token counts."""
     totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in model.attention_modules()}
     tokens = {"enc-self": 0, "dec-self": 0, "dec-enc": 0}
-    for sample, recorded in _output_gradients(model, criterion, batches):
+    for sample, recorded in _output_gradients(model, criterion, batches):  # the training loss, as Michel's code
         real = _non_pad(sample, pad)
         for kind, layer, out, grad in recorded:
             if grad is None:  # a head set that cannot reach the loss (all masked)
@@ -85,26 +98,33 @@ def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.Data
     return _table(model, values), tokens
 
 
-def mask_gradients(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[list, torch.Tensor]:
-    """∂L/∂ξ_h at ξ = 1 of every head present, one row per batch, with L the batch's mean loss per target token
-    (Kwon et al.'s head-mask gradients: |Σ_batch|, not Σ|per token| as Michel's importance). Returns the heads,
-    as (type, layer, original id) in the model's order, and the (batches, heads) gradients."""
+def mask_gradients(model, batches: Iterable[dict], pad: int, per: str = "sentence") -> Tuple[list, torch.Tensor]:
+    """∂L/∂ξ_h at ξ = 1 of every head present, L the negative log-likelihood (Kwon et al.'s head-mask gradients:
+    signed sums, not Σ|per token| as Michel's importance). per="sentence": one row per sentence, L its summed
+    NLL (the paper's per-example Fisher; the sentences of a batch do not interact, so the per-token products
+    ⟨ctx_h, ∂L/∂ctx_h⟩ of one backward, summed over each sentence's tokens, are its gradients); per="batch": one
+    row per batch, L the batch's mean NLL per target token (the reference code's). Returns the heads, as (type,
+    layer, original id) in the model's order, and the (rows, heads) gradients."""
+    if per not in ("sentence", "batch"):
+        raise ValueError(f"per={per}: mask gradients are per sentence or per batch")
     heads = [(kind, layer, h) for kind, layer, m in model.attention_modules() for h in m.head_ids]
     rows = []
-    for sample, recorded in _output_gradients(model, criterion, batches, per_token_loss=True):
+    loss_of = lambda model_, sample: nll(model_, sample, pad)  # noqa: E731
+    for sample, recorded in _output_gradients(model, loss_of, batches, per_token_loss=per == "batch"):
         real = _non_pad(sample, pad)
         found = {(kind, layer): (out, grad) for kind, layer, out, grad in recorded}
-        row = []
+        block = []
         for kind, layer, m in model.attention_modules():
             out, grad = found.get((kind, layer), (None, None))
             if grad is None:
-                row.append(torch.zeros(m.num_heads, dtype=torch.float64))
+                block.append(torch.zeros(len(sample["id"]), m.num_heads, dtype=torch.float64))
                 continue
-            row.append(_mask_gradient_per_token(out, grad, real[kind]).sum((0, 2)).double().cpu())
-        rows.append(torch.cat(row))
+            block.append(_mask_gradient_per_token(out, grad, real[kind]).sum(2).double().cpu())  # (sentences, heads)
+        block = torch.cat(block, dim=1)
+        rows.append(block if per == "sentence" else block.sum(0, keepdim=True))
     if not rows:
         raise ValueError("no batches: head-mask gradients need at least one sentence")
-    return heads, torch.stack(rows)
+    return heads, torch.cat(rows)
 
 
 @torch.no_grad()

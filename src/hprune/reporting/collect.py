@@ -25,6 +25,9 @@ SCORING_KEYS = ("data.name", "data.src_lang", "data.tgt_lang", "split", "generat
 SKIPPED_VERBS = ("report", "data")  # they write no results of their own
 # what a train run's seed does not change: runs of checkpoints with the same recipe differ by the seed only
 RECIPE_KEYS = ("data", "model", "optim", "average_last", "head_mask")
+# what does not make two runs different settings: runs whose configs differ only here (and in the seed of the
+# model's training, its recipe being the same) are the same setting's seeds
+NOT_A_SETTING = ("seed", "ckpt", "paths", "verbose", "tensorboard", "device")
 # what a trained run's control (Voita: λ = 0; DSP: K = every head) shares with it: the same extra training,
 # without the pressure to prune
 CONTROL_KEYS = ("ckpt", "seed", "split", "prune.method", "prune.types", "prune.optim", "prune.l0_normalize",
@@ -121,6 +124,8 @@ def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
     row["seed"] = config.get("seed")
     if row.get("checkpoint") is not None:
         row["recipe"], row["train_seed"] = trained_by(row["checkpoint"])
+    row["setting"] = _digest({"config": {k: v for k, v in config.items() if k not in NOT_A_SETTING},
+                              "recipe": row.get("recipe")})
     if config.get("verb") == "prune":
         row["control_key"] = _digest({key: _setting(config, key) for key in CONTROL_KEYS})
     return row, None
@@ -142,7 +147,7 @@ def collect(roots: list[Path]) -> Collection:
             curve = pd.read_csv(run / "curve.csv")
             curve.insert(0, "run", label)
             for key in ("checkpoint", "types", "heads_pool", "bleu_unpruned", "recipe", "train_seed", "seed", "path",
-                        *SCORING_KEYS):
+                        "setting", *SCORING_KEYS):
                 curve[key] = row.get(key)
             curves.append(curve.rename(columns={"order": "method"}))
     if not rows:

@@ -42,22 +42,31 @@ def _lines(ax, xlabel: str, title: str, legend: str = "best") -> None:
 
 def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path | list[Path], title: str = "",
                by: str = "order", baseline_label: str = "unpruned") -> Path:
-    """BLEU vs % of heads pruned, one line per pruning order (`by`), the reference as a dashed line. Several
-    rows at one point (seeds) draw their mean with a standard-deviation error bar."""
+    """BLEU vs % of heads pruned, one line per pruning order (`by`), the reference as a dashed line. Rows of one
+    setting at one point (its seeds: see curve_points) draw their mean with a standard-deviation error bar."""
     plt = _figure()
     fig, ax = plt.subplots(figsize=(6, 4))
     for order, rows in curve.groupby(by, sort=False):
-        stats = rows.groupby("pct_pruned")["bleu"].agg(["mean", "std", "count"]).sort_index()
+        stats = curve_points(rows)
         if (stats["count"] > 1).any():
-            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3,
+            ax.errorbar(stats["pct_pruned"], stats["mean"], yerr=stats["std"].fillna(0), marker="o", capsize=3,
                         label=f"{order} (mean ± sd, {int(stats['count'].max())} seeds)")
         else:
-            ax.plot(stats.index, stats["mean"], marker="o", label=order)
+            ax.plot(stats["pct_pruned"], stats["mean"], marker="o", label=order)
     if not np.isnan(baseline_bleu):
         ax.axhline(baseline_bleu, color="grey", linestyle="--", linewidth=1, label=baseline_label)
     ax.set_ylabel("BLEU")
     _lines(ax, "% of heads pruned", title, legend="lower left")  # curves fall to the right
     return _save(fig, path)
+
+
+def curve_points(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line's points: BLEU's mean, standard deviation and count over the rows of one setting at one % pruned
+    (seeds: runs whose settings differ in the seed alone, the `setting` column of reporting/collect.py); runs of
+    different settings at the same % (a λ sweep's control and a λ that pruned nothing) stay separate points."""
+    keys = ["pct_pruned"] + (["setting"] if "setting" in rows else [])
+    return (rows.groupby(keys, dropna=False)["bleu"].agg(["mean", "std", "count"]).reset_index()
+            .sort_values("pct_pruned", kind="stable"))
 
 
 def head_heatmaps(table: pd.DataFrame, value: str, path: Path | list[Path], title: str = "") -> Path:

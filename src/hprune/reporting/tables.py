@@ -67,8 +67,8 @@ def cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
 
 
 # --------------------------------------------------------------------------------------------- comparison
-POINT_COLUMNS = ["run", *GROUP, "method", "layout", "pct_pruned", "attention_macs_pct", "macs_budget", "bleu", "bleu_unpruned",
-                 "recipe", "train_seed", "seed", *SCORING_KEYS]
+POINT_COLUMNS = ["run", *GROUP, "method", "layout", "pct_pruned", "attention_macs_pct", "macs_budget", "bleu",
+                 "bleu_unpruned", "recipe", "train_seed", "seed", "setting", *SCORING_KEYS]
 MATCH_MACS = 2.5  # a single run measured within this many points of attention MACs kept is "at" that level
 
 
