@@ -15,7 +15,7 @@ Marian's decoder start vector and output bias, and the vocabularies in the model
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -252,24 +252,29 @@ def translate(model_dir: str, sources: List[List[str]], generation, device: str 
 
 
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
-                    rounds: int = 2, device: str = "cpu", length: Optional[int] = None) -> Dict[str, float]:
+                    rounds: int = 2, device: str = "cpu",
+                    lengths: Tuple[Optional[int], ...] = (None,)) -> Dict[Optional[int], Dict[str, float]]:
     """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
-    alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine).
-    `length`: every hypothesis decoded to exactly that many tokens, so that the models do the same steps (a
-    pruned model that stops later, or loops to the limit, is otherwise slower for what it says, not for what
-    it is)."""
-    fixed = {} if length is None else {"min_decoding_length": length, "max_decoding_length": length}
+    alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine), for
+    each of `lengths` ({length: {model: sentences/s}}; each model loaded once). A length: every hypothesis
+    decoded to exactly that many tokens, so that the models do the same steps (a pruned model that stops later,
+    or loops to the limit, is otherwise slower for what it says, not for what it is); None: as the model
+    decodes."""
     import time
 
     ctranslate2 = _ctranslate2()
     translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
                    for name, path in model_dirs.items()}
-    best = {name: 0.0 for name in translators}
-    for name, translator in translators.items():
+    for translator in translators.values():
         translator.translate_batch(sources[:8], beam_size=beam)
-    for _ in range(rounds):
-        for name, translator in translators.items():
-            started = time.perf_counter()
-            translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
-            best[name] = max(best[name], len(sources) / (time.perf_counter() - started))
-    return {name: round(value, 2) for name, value in best.items()}
+    speed = {}
+    for length in lengths:
+        fixed = {} if length is None else {"min_decoding_length": length, "max_decoding_length": length}
+        best = {name: 0.0 for name in translators}
+        for _ in range(rounds):
+            for name, translator in translators.items():
+                started = time.perf_counter()
+                translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
+                best[name] = max(best[name], len(sources) / (time.perf_counter() - started))
+        speed[length] = {name: round(value, 2) for name, value in best.items()}
+    return speed

@@ -59,13 +59,14 @@ def export(cfg: DictConfig) -> dict:
     os.replace(staging, dest)
 
     # quality: the export's beam search against hprune's on the masked model, the same split and settings
-    masked = session.evaluate(mask, cfg.max_tokens)
+    with session.masked(mask):  # BLEU only: no validation loss needed here
+        masked, hprune_quality = session.translate()
     theirs, quality = session.score_symbols(
         ctranslate2.translate(str(dest), session.source_tokens(cfg.split), cfg.generation, session.device, cfg.threads),
         cfg.split)
-    metrics.update({"split": cfg.split, "bleu": quality["bleu"], "bleu_hprune": masked["bleu"],
+    metrics.update({"split": cfg.split, "bleu": quality["bleu"], "bleu_hprune": hprune_quality["bleu"],
                     "bleu_signature": quality["bleu_signature"],
-                    "translations_differ": sum(a != b for a, b in zip(theirs, masked["hypotheses"]))})
+                    "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses))})
 
     # speed in CTranslate2: this export against the unpruned model written the same way
     with tempfile.TemporaryDirectory() as unpruned:
@@ -73,9 +74,9 @@ def export(cfg: DictConfig) -> dict:
                                                 *session.dictionaries), unpruned, cfg.quantization)
         models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
         length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
-        speed = {decoding: ctranslate2.sentences_per_s(models, sources, cfg.generation.beam, cfg.threads,
-                                                       device=session.device, length=fixed)
-                 for decoding, fixed in (("free", None), ("fixed", length))}
+        measured = ctranslate2.sentences_per_s(models, sources, cfg.generation.beam, cfg.threads,
+                                               device=session.device, lengths=(None, length))
+        speed = {"free": measured[None], "fixed": measured[length]}
     heads = ctranslate2.stack_heads(model)
     costs = session.unit_costs()
     macs = {name: mask_macs(costs, m, ATTENTION_TYPES)
