@@ -46,8 +46,11 @@ def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
     try:
         with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()
+            # with the command line's hydra.searchpath: groups may have options from the user's own folders
+            searchpath = [o for o in overrides if o.lstrip("+").startswith("hydra.searchpath=")]
             for override in parsed:
-                options = sorted(loader.get_group_options(override.key_or_group))
+                options = sorted(loader.get_group_options(override.key_or_group, config_name=config_name,
+                                                          overrides=searchpath))
                 if not options or override.is_delete():
                     continue  # a plain key: compose checks it below
                 values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]

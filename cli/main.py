@@ -111,6 +111,22 @@ def positional(verb: str, args: list[str]) -> list[str]:
     return [f"{key}=[{quoted}]", *others]
 
 
+MODEL_VERBS = ("eval", "prune", "analyze", "export")  # verbs that measure a model on data
+
+
+def _model_data(verb: str, args: list[str]) -> list[str]:
+    """A checkpoint whose folder says what it is (hprune.yaml: a published or imported model; a Hugging Face
+    folder; a Hub id) brings its own data settings: data=pretrained unless the command line chose data."""
+    if verb not in MODEL_VERBS or any(a.lstrip("+~").startswith("data=") for a in args):
+        return args
+    ckpt = next((a.partition("=")[2] for a in reversed(args) if a.startswith("ckpt=")), None)
+    if ckpt is None or "," in ckpt:  # a sweep over checkpoints: each may be another kind
+        return args
+    from hprune.model_folder import says_what_it_is
+
+    return args + ["data=pretrained"] if says_what_it_is(ckpt) else args
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -122,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
         fail("", f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)} (see `hprune --help`)")
-    rest = _desugar(verb, positional(verb, rest))
+    rest = _model_data(verb, _desugar(verb, positional(verb, rest)))
     if any(f in rest for f in ("-m", "--multirun")) and any(f in rest for f in ("--cfg", "-c")):
         fail(verb, "--cfg prints the config of one run and -m starts a sweep; drop -m and give one value per "
                    "key to see a job's config")

@@ -39,8 +39,8 @@ def main(demo: Path) -> None:
     types = pd.read_csv(demo / "prune" / "ablation_types.csv").set_index("type")
     found["enc_self_removed_drop"] = -float(types.loc["enc-self", "delta_bleu"])
     found["most_sensitive_type"] = str(types["bleu"].idxmin())
-    lambdas = pd.read_csv(demo / "report" / "lambda.csv")
-    control = lambdas[lambdas["l0_lambda"] == 0]
+    trained = pd.read_csv(demo / "report" / "controlled.csv")
+    control = trained[trained["l0_lambda"] == 0]
     found["control_change"] = float(control["delta_bleu"].iloc[0]) if len(control) else float("nan")
     pairs = pd.read_csv(demo / "report" / "pairwise.csv")
     michel_vs_random = pairs[(pairs["method"] == "michel") & (pairs["versus"] == "random")].set_index("sparsity")

@@ -156,7 +156,7 @@ def test_unwritable_data_dir(trained_run, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert_one_line_error(eval_error(trained_run, tmp_path, f"paths.data_root={blocker}/sub"),
-                          "cannot create the data folder", "paths.data_root")
+                          f"cannot create {blocker}/sub", "paths.data_root")
 
 
 def test_missing_split_in_data_dir(trained_run, tmp_path, data_root):

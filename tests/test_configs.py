@@ -64,28 +64,45 @@ def test_train_config_maps_to_fairseq_flags(tmp_path):
     assert argv[argv.index("--adam-betas") + 1] == "(0.9, 0.98)"
 
 
-@pytest.mark.parametrize("method", ["random", "magnitude", "confidence"])
-def test_baseline_methods_inherit_the_michel_settings(method):
+def _inheriting_michel():
+    """The orders whose yaml holds only deltas from michel's (defaults: [michel, ...])."""
+    import yaml
+
+    return sorted(path.stem for path in (CONFIG_DIR / "prune").glob("*.yaml")
+                  if "michel" in (yaml.safe_load(path.read_text()).get("defaults") or []))
+
+
+@pytest.mark.parametrize("method", _inheriting_michel())
+def test_orders_inherit_the_michel_settings(method):
+    """An order's yaml that starts from michel's changes only what it says (its method; lrp: its own keys)."""
+    import yaml
+
+    own = set(yaml.safe_load((CONFIG_DIR / "prune" / f"{method}.yaml").read_text())) - {"defaults"}
     with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
         michel = compose(config_name="prune", overrides=["ckpt=x"])
         other = compose(config_name="prune", overrides=["ckpt=x", f"prune={method}", "prune.step_pct=5"])
     assert other.prune.method == method and other.prune.step_pct == 5
-    assert {k: v for k, v in other.prune.items() if k not in ("method", "step_pct")} == \
-           {k: v for k, v in michel.prune.items() if k not in ("method", "step_pct")}
+    assert {k: v for k, v in other.prune.items() if k not in own | {"method", "step_pct"}} == \
+           {k: v for k, v in michel.prune.items() if k not in own | {"method", "step_pct"}}
 
 
 def test_every_prune_config_names_a_registered_method_and_back():
-    """One name per method: configs/prune/<name>.yaml says `method: <name>`, and the registry holds exactly those."""
+    """One name per method: configs/prune/<name>.yaml says `method: <name>`, and the registry holds exactly those;
+    every method has its one-line summary, every procedure its settings check, and docs/methods.md names it."""
     pytest.importorskip("fairseq")
     from omegaconf import OmegaConf
 
     from hprune.errors import UserError
-    from hprune.methods import get_method, method_names
+    from hprune.methods import METHODS, get_method, method_names
     configs = {path.stem: OmegaConf.load(path).method for path in (CONFIG_DIR / "prune").glob("*.yaml")}
     assert all(stem == method for stem, method in configs.items()), configs
     assert sorted(configs) == sorted(method_names())
-    assert set(method_names(procedure=True)) == {"voita", "dsp", "fisher"}
-    assert {"michel", "lrp", "confidence", "magnitude", "random"} == set(method_names(procedure=False))
-    assert get_method("confidence").needs_head_maps and not get_method("michel").needs_head_maps
+    docs = (CONFIG_DIR.parent / "docs" / "methods.md").read_text()
+    for name in method_names():
+        method = METHODS[name]
+        assert method.summary, f"{name}: its function has no docstring"
+        assert f"`{name}`" in docs or f"--method {name}" in docs, f"docs/methods.md does not name {name}"
+        assert (method.check is not None) == method.procedure, name  # orders: the curve's own check
+        assert method.control is None or method.procedure, name
     with pytest.raises(UserError, match="unknown pruning method 'taylor'; choose from"):
         get_method("taylor")

@@ -164,28 +164,47 @@ def test_an_imported_model_translates_as_transformers_generate(hf_model, tmp_pat
     print(f"{hf_model['dir'].name}: identical translations, greedy {agreement[1]}, beam 4 {agreement[4]}")
 
 
-def test_a_marian_model_is_fetched_from_the_hub_resumed_imported_pruned_and_analysed(marian, tmp_path):
-    from wmt_fixtures import FixtureServer
-    repo = "Helsinki-NLP/opus-mt-en-fr"
-    files = {f"{repo}/resolve/main/{p.name}": p.read_bytes() for p in marian["dir"].iterdir()}
-    with FixtureServer(files) as server:
-        server.cut_once.add(f"{repo}/resolve/main/model.safetensors")
-        hprune("data", "fetch", f"hf={repo}", f"mirror={server.url}", f"paths.models_root={tmp_path / 'models'}")
-    folder = tmp_path / "models" / "hub" / "Helsinki-NLP--opus-mt-en-fr"
-    requested = [(name.rsplit("/", 1)[1], ranged) for name, ranged in server.requests]
-    assert ("model.safetensors", None) in requested and any(n == "model.safetensors" and r for n, r in requested)
-    assert "pytorch_model.bin" not in dict(requested) and "target_vocab.json" in dict(requested)  # absent: optional
-    record = json.loads((folder / "hub.json").read_text())
+def test_a_marian_model_is_fetched_from_the_hub_resumed_imported_pruned_and_analysed(marian, tmp_path, monkeypatch):
+    """Through huggingface_hub against a local server answering the Hub's endpoints (HF_ENDPOINT): a dropped
+    connection resumed, a gated copy refused without the token and fetched with it, the resolved commit recorded;
+    then, offline (HF_HUB_OFFLINE=1, a warm cache), ckpt=ORG/NAME with no data= prunes, exports and analyses it."""
+    from hub_server import HubServer
+    repo, gated = "Helsinki-NLP/opus-mt-en-fr", "Helsinki-NLP/opus-mt-en-fr-gated"
+    files = {p.name: p.read_bytes() for p in marian["dir"].iterdir()}
+    files["README.md"] = b"not read by hprune"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    models = f"paths.models_root={tmp_path / 'models'}"
+    with HubServer({repo: files, gated: files}, gated={gated: "secret"}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        server.cut_once.add("model.safetensors")
+        hprune("data", "fetch", f"hf={repo}", models, subprocess=True)
+        refused = hprune("data", "fetch", f"hf={gated}", models, subprocess=True, check=False)
+        assert_one_line_error(refused, f"{gated} is gated", "HF_TOKEN")
+        monkeypatch.setenv("HF_TOKEN", "secret")
+        hprune("data", "fetch", f"hf={gated}", models, subprocess=True)
+        monkeypatch.delenv("HF_TOKEN")
+    requested = [name for name, _ in server.requests]
+    assert requested.count("model.safetensors") >= 2  # cut, then fetched again
+    assert {"config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json"} <= set(requested)
+    assert "README.md" not in requested  # only the files hprune reads
+    record = json.loads((tmp_path / "models" / "hub" / "Helsinki-NLP--opus-mt-en-fr.json").read_text())
+    folder = Path(record["folder"])
+    assert record["commit"] == server.commits[repo] == folder.name and record["revision"] == "main"
+    assert folder.is_relative_to(tmp_path / "hf")  # the shared Hugging Face cache, as from_pretrained uses it
     for path in marian["dir"].iterdir():
         assert (folder / path.name).read_bytes() == path.read_bytes()
         assert record["sha256"][path.name] == hashlib.sha256(path.read_bytes()).hexdigest()
+    # offline: the warm cache answers; a repository it lacks is one line
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = hprune("data", "fetch", "hf=Helsinki-NLP/opus-mt-en-de", models, subprocess=True, check=False)
+    assert_one_line_error(missing, "not in the Hugging Face cache", "HF_HUB_OFFLINE")
 
     own = f"{{src:{marian['root'] / 'test.en'},tgt:{marian['root'] / 'test.fr'}}}"
-    common = [f"ckpt={folder}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
-              f"data.test_sets=[{own}]", f"data.valid_sets=[{own}]", "data.max_pieces_per_word=null", "device=cpu"]
+    common = [f"ckpt={repo}", models, f"data.test_sets=[{own}]", f"data.valid_sets=[{own}]",
+              "data.max_pieces_per_word=null", "device=cpu"]
     out = tmp_path / "prune"
     hprune("prune", "--method", "michel", *common, "prune.step_pct=50", "prune.target_pct=50", "prune.export=true",
-           "generation.beam=1", f"hydra.run.dir={out}")
+           "generation.beam=1", f"hydra.run.dir={out}", subprocess=True)  # the environment's HF_* as a user has it
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["export_same_translations"]
     from hprune_fairseq.safe_load import load_checkpoint
@@ -197,14 +216,14 @@ def test_a_marian_model_is_fetched_from_the_hub_resumed_imported_pruned_and_anal
     from test_stock_fairseq import fairseq_generate
     imported = next((tmp_path / "models" / "hf").glob("*opus-mt-en-fr-*"))
     evaluated = tmp_path / "exported"
-    hprune("eval", f"ckpt={metrics['export_checkpoint']}", *common[2:], f"data.model_dir={imported}",
+    hprune("eval", f"ckpt={metrics['export_checkpoint']}", "data=pretrained", *common[2:], f"data.model_dir={imported}",
            "generation.beam=5", "generation.lenpen=1.0", "generation.max_len_a=1.2", "generation.max_len_b=10",
            f"hydra.run.dir={evaluated}")
     data_bin = json.loads((evaluated / "metrics.json").read_text())["data_bin"]
     stock = fairseq_generate(Path(data_bin), Path(metrics["export_checkpoint"]), "--post-process", "sentencepiece")
     assert stock == (evaluated / "hypotheses.test.txt").read_text().splitlines()
     analysed = tmp_path / "analyze"
-    hprune("analyze", *common, "split=test", f"hydra.run.dir={analysed}")
+    hprune("analyze", *common, "split=test", f"hydra.run.dir={analysed}", subprocess=True)
     import pandas as pd
     roles = pd.read_csv(analysed / "head_roles.csv")
     assert len(roles) == 24 and roles.loc[roles["type"] == "enc-self", "syntactic"].isna().all()  # no arcs: unmeasured

@@ -30,6 +30,11 @@ def run_dir(root: Path, name: str, verb: str, metrics: dict | None, overrides=()
     return run
 
 
+def controlled(key: str, control: bool, label: str = "λ=0 control") -> dict:
+    """What a trained method's run records in metrics.json to be paired with its control (methods: Control)."""
+    return {"control_key": key, "is_control": control, "control_label": label}
+
+
 def study(root: Path) -> None:
     """A Michel curve with a random baseline, three Voita runs (λ sweep), an MoA and a dense eval, one killed run."""
     types = ["enc-self", "dec-self", "dec-enc"]
@@ -41,7 +46,7 @@ def study(root: Path) -> None:
     for job, (lam, kept, bleu) in enumerate([(0.01, 27, 29.5), (0.1, 18, 28.0), (1.0, 9, 20.0)]):
         run_dir(root / "sweep", str(job), "prune", {**pruned, "method": "voita", "l0_lambda": lam,
                                                      "kept_heads": kept, "pct_pruned": 100 * (36 - kept) / 36,
-                                                     "bleu": bleu, "delta_bleu": bleu - 30.0},
+                                                     "bleu": bleu, "delta_bleu": bleu - 30.0, **controlled("v", False)},
                 overrides=[f"prune.l0_lambda={lam}"])
     run_dir(root / "sweep", "3", "prune", None, overrides=["prune.l0_lambda=3.0"])  # killed: no metrics.json
     moa = run_dir(root, "moa", "eval", {"verb": "eval", "moa_experts": 8, "moa_top_k": 4, "moa_head_dim": 24,
@@ -64,7 +69,7 @@ def test_tables_equal_hand_computed_values(tmp_path):
     # voita points at 25, 50, 75 % pruned: exactly 29.5, 28.0, 20.0; nothing is extrapolated
     assert table.loc["voita", ["BLEU@25%", "BLEU@50%", "BLEU@75%"]].tolist() == pytest.approx([29.5, 28.0, 20.0])
     assert pd.isna(tables.comparison(collection, [90]).set_index("method").loc["voita", "BLEU@90%"])
-    lambdas = tables.lambdas(collection)
+    lambdas = tables.controlled(collection)
     assert lambdas["l0_lambda"].tolist() == [0.01, 0.1, 1.0] and lambdas["kept_heads"].tolist() == [27, 18, 9]
     moa = tables.moa(collection)
     assert moa[["E", "k", "params", "bleu"]].fillna(-1).values.tolist() == [[-1, -1, 400, 30.0], [8, 4, 500, 31.0]]
@@ -118,7 +123,8 @@ def test_dsp_against_its_control_and_a_budgeted_run_at_matched_macs(tmp_path):
     training = {"ckpt": CKPT, "seed": 1, "prune": {"method": "dsp", "types": types, "optim": {"lr": 0.001}, "joint": True}}
     for name, budget, pct, macs, bleu in (("dsp18", 18, 50.0, 49.0, 29.0), ("dsp36", 36, 0.0, 100.0, 30.5)):
         config = {**training, "prune": {**training["prune"], "head_budget": budget}}
-        run_dir(tmp_path, name, "prune", {**pruned, "method": "dsp", "head_budget": budget, "control": budget == 36,
+        run_dir(tmp_path, name, "prune", {**pruned, "method": "dsp", "head_budget": budget,
+                                          **controlled("d", budget == 36, "K=all control"),
                                           "pct_pruned": pct, "attention_macs_pct": macs, "bleu": bleu}, config=config)
     run_dir(tmp_path, "fisher", "prune", {**pruned, "method": "fisher", "macs_budget": 0.5, "pct_pruned": 52.78,
                                           "attention_macs_pct": 47.0, "bleu": 25.0})
@@ -145,7 +151,9 @@ def test_numbered_and_named_folders_side_by_side(tmp_path):
 
 def test_markdown_and_latex_text():
     table = pd.DataFrame({"method": ["a_b"], "heads": [3.0], "BLEU@25%": [float("nan")], "ΔBLEU": [-1.234]})
-    assert tables.markdown(table).splitlines()[2] == "| a_b | 3 |  | -1.23 |"
+    lines = [" ".join(line.split()) for line in tables.markdown(table).splitlines()]
+    assert lines[0] == "| method | heads | BLEU@25% | ΔBLEU |" and lines[2] == "| a_b | 3 | | -1.23 |"
+    assert lines[1].startswith("|:-") and lines[1].endswith("-:|")  # text left, numbers right
     assert r"a\_b & 3 &  & -1.23 \\" in tables.latex(table)
     assert r"BLEU@25\% & $\Delta$BLEU" in tables.latex(table)
 
@@ -171,7 +179,7 @@ def test_report_cli_writes_tables_plots_and_lists_incomplete_runs(tmp_path):
     out = tmp_path / "report"
     proc = hprune("report", str(tmp_path / "runs"), f"hydra.run.dir={out}", subprocess=True)
     assert "| michel |" in proc.stdout and "incomplete runs (1): runs/sweep/3" in proc.stdout
-    for name in ("comparison", "lambda", "moa", "runs"):
+    for name in ("comparison", "controlled", "moa", "runs"):
         for fmt in ("csv", "md", "tex"):
             assert (out / f"{name}.{fmt}").stat().st_size > 0
     assert pd.read_csv(out / "comparison.csv").set_index("method").loc["michel", "BLEU@50%"] == pytest.approx(20.0)
@@ -244,7 +252,8 @@ def test_significance_controls_and_seeds_in_the_report(tmp_path):
     for job, (lam, bleu, pct) in enumerate([(0, 33.0, 0.0), (0.1, 31.0, 50.0)]):
         translated_run(tmp_path / "voita", str(job), {"unpruned": start, "pruned": michel if lam else start},
                        references, metrics={**voita, "l0_lambda": lam, "bleu": bleu, "pct_pruned": pct,
-                                            "delta_bleu": bleu - 30.0, "kept_heads": 12 - int(pct * 12 / 100)},
+                                            "delta_bleu": bleu - 30.0, "kept_heads": 12 - int(pct * 12 / 100),
+                                            **controlled("v", lam == 0)},
                        config={"seed": 1, "ckpt": CKPT, "prune": {"types": ["enc-self"], "l0_lambda": lam}})
     collection = collect([tmp_path])
     tests = tables.Translations(200, 3)
@@ -265,7 +274,7 @@ def test_significance_controls_and_seeds_in_the_report(tmp_path):
     assert pairs["p_value"].tolist() == pytest.approx([cli_pair["p_value"]] * 2, abs=1e-9)
     assert pairs["difference"].iloc[0] == pytest.approx(cli_pair["score"] - sacrebleu_paired(
         tmp_path / "cli4", references, michel, michel, 200, 3)["score"], abs=1e-9)
-    lambdas = tables.lambdas(collection, tests).set_index("l0_lambda")
+    lambdas = tables.controlled(collection, tests).set_index("l0_lambda")
     assert lambdas.loc[0.1, "bleu_control"] == 33.0 and lambdas.loc[0.1, "delta_bleu_control"] == pytest.approx(-2.0)
     assert lambdas.loc[0.1, "p_vs_control"] == pytest.approx(cli_voita["p_value"], abs=1e-9)
     # seeds: the two michel runs share a recipe; mean and sample standard deviation by hand

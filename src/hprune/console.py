@@ -43,7 +43,9 @@ class Bar:
     def __init__(self, label: str, total: Optional[int], unit: str, leave: bool):
         from tqdm import tqdm
 
+        scale = unit == "B"  # bytes: kB, MB, GB
         self.bar = tqdm(total=total, desc=label, unit=unit, leave=leave, dynamic_ncols=True, file=sys.stderr,
+                        unit_scale=scale, unit_divisor=1024 if scale else 1000,
                         disable=None if sys.stderr.isatty() else True)
         self.position = 0
 

@@ -1,11 +1,16 @@
-"""Run-dir helpers: atomic writes, the run dir, the code version."""
+"""File helpers: atomic writes, folders built once (staged, locked), the run dir, the code version."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
+
+from .errors import UserError
 
 
 def write_atomic(path: str | Path, text: str) -> Path:
@@ -20,6 +25,56 @@ def write_atomic(path: str | Path, text: str) -> Path:
 
 def write_json(path: str | Path, obj: Any) -> Path:
     return write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold `<path>.lock` while the block runs: processes that fetch or build the same thing (sweep jobs on a
+    cold cache) take turns, and the later ones find it done."""
+    from filelock import FileLock
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        yield
+
+
+def build_once(final: Path, done: str, build: Callable[[Path], Any]) -> Path:
+    """The folder `final`, built by `build(staging)` unless `final/done` exists. The build fills a staging
+    folder beside it (it writes `done` last), renamed into place when complete: a folder under its final name
+    is always whole, and an error (a full disk is one line) leaves nothing half-built. One process at a time
+    (locked): another that built it meanwhile is not repeated. An incomplete `final` (altered by hand, or from an
+    older layout) is replaced."""
+    final = Path(final)
+    if (final / done).exists():
+        return final
+    try:
+        lock = locked(final)
+        lock.__enter__()
+    except OSError as err:
+        raise UserError(f"cannot create {final.parent} ({err.strerror}); set paths.data_root=<a writable folder> "
+                        "(or HPRUNE_DATA_ROOT), or paths.models_root for models") from None
+    try:
+        if (final / done).exists():  # another process built it while this one waited
+            return final
+        staging = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            staging.mkdir(parents=True)
+            build(staging)
+            if not (staging / done).exists():
+                raise RuntimeError(f"building {final} wrote no {done}")
+        except BaseException as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                raise UserError(f"the disk is full while writing {final.name} in {final.parent}; free space or "
+                                "point paths.data_root (or paths.models_root) at a larger disk (nothing "
+                                "half-written was kept)") from None
+            raise
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+        return final
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def run_dir() -> Path:

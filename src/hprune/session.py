@@ -21,10 +21,10 @@ from . import backend
 from .data.prepare import bind, model_languages, prepare, test_set_of
 from .errors import UserError
 from .flops import macs_per_token, mask_macs, unit_costs
+from .model_folder import is_hf_dir, is_hub_id
 from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
-EVAL_MAX_TOKENS = 4096  # teacher-forced batches for the MAC count and the expert load
 
 
 def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/models") -> Path:
@@ -33,7 +33,11 @@ def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/mod
     model.pt; an ensemble's (model1.pt, model2.pt, ...) must say which member; a Hugging Face model's (the
     folder save_pretrained wrote) is imported once as a fairseq model folder under models_root/hf/."""
     path = Path(ckpt).expanduser()
-    if backend.is_hf_dir(path):
+    if is_hub_id(str(ckpt)):  # ORG/NAME, as from_pretrained takes it: from the Hugging Face cache, else the Hub
+        from .data.hub import fetch_hub
+
+        path = fetch_hub(str(ckpt), Path(models_root))
+    if is_hf_dir(path):
         return backend.import_hf(path, Path(models_root))
     run = _run_dir_of(path)
     if not path.is_dir():
@@ -86,6 +90,11 @@ def read_references(raw_file: Path, n: int) -> list[str]:
         raise UserError(f"{raw_file} has {len(refs)} lines but the binarized split has {n}; "
                         "delete the data folder and prepare it again")
     return refs
+
+
+def delta_bleu(result: dict, reference: dict) -> float:
+    """BLEU of one evaluation minus another's (Session.evaluate's results), as every table records it."""
+    return round(result["bleu"] - reference["bleu"], 4)
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:
@@ -246,11 +255,11 @@ class Session:
     def loss(self, split: str, max_tokens: int) -> dict:
         return backend.split_loss(self.loaded, self.criterion, split, max_tokens)
 
-    def evaluate(self, mask: Optional[Mask], max_tokens: int) -> dict:
+    def evaluate(self, mask: Optional[Mask]) -> dict:
         """BLEU/chrF on cfg.split and the loss on cfg.loss_split under `mask` (None: every head present)."""
         with self.masked(mask):
             result, quality = self.translate()
-            loss = self.loss(self.cfg.loss_split, max_tokens)
+            loss = self.loss(self.cfg.loss_split, self.cfg.max_tokens)
         return {"bleu": quality["bleu"], "chrf": quality["chrf"], "bleu_signature": quality["bleu_signature"],
                 "valid_loss": round(loss["loss"], 4),
                 "sentences_per_s": round(result.sentences / result.seconds, 2), "hypotheses": result.hypotheses,
@@ -262,8 +271,8 @@ class Session:
         from .analysis.moa import expert_load, load_summary
 
         costs = {"n_params": self.n_params(),
-                 **macs_per_token(self.model, next(self.batches(split, EVAL_MAX_TOKENS, 1)))}
-        load = expert_load(self.model, self.batches(split, EVAL_MAX_TOKENS))
+                 **macs_per_token(self.model, next(self.batches(split, self.cfg.max_tokens, 1)))}
+        load = expert_load(self.model, self.batches(split, self.cfg.max_tokens))
         if not load.empty:
             model_cfg = self.loaded.cfg.model  # the MoA settings as the checkpoint records them
             costs.update({key: getattr(model_cfg, key) for key in ("moa_experts", "moa_top_k", "moa_head_dim", "moa_types")},
@@ -274,7 +283,7 @@ class Session:
         """What each attention sublayer's heads cost in MACs per target token (flops.unit_costs), counted once
         per session on a batch of loss_split, with the heads the model has now."""
         if self._unit_costs is None:
-            self._unit_costs = unit_costs(self.model, next(self.batches(self.cfg.loss_split, EVAL_MAX_TOKENS, 1)))
+            self._unit_costs = unit_costs(self.model, next(self.batches(self.cfg.loss_split, self.cfg.max_tokens, 1)))
         return self._unit_costs
 
     def attention_macs_pct(self, mask: Mask, types) -> float:
@@ -290,19 +299,18 @@ class Session:
         self.set_mask(mask)
         backend.finetune(self.loaded, self.criterion, updates, lr, max_tokens, seed)
 
-    def export(self, mask: Mask, dest: Path, masked: dict, max_tokens: int,
-               config_from: Optional[Path] = None) -> dict:
+    def export(self, mask: Mask, dest: Path, masked: dict, config_from: Optional[Path] = None) -> dict:
         """Physically remove the masked heads into `dest`, reopen it, and check it against this model under the
         mask (`masked`: evaluate(mask) of it): largest output difference, BLEU, same translations, size, MACs
         per target token counted on both (whole model and attention) and speed. config_from: see
         backend.export_pruned."""
         backend.export_pruned(self.loaded, kept_ids(mask), dest, config_from)
         pruned = self.reopen(dest)
-        sample = next(self.batches(self.cfg.loss_split, max_tokens, 1))
+        sample = next(self.batches(self.cfg.loss_split, self.cfg.max_tokens, 1))
         with torch.no_grad(), self.masked(mask):
             reference = self.model(**sample["net_input"])[0].float()
             difference = (pruned.model(**sample["net_input"])[0].float() - reference).abs().max().item()
-        result = pruned.evaluate(None, max_tokens)
+        result = pruned.evaluate(None)
         same = result["hypotheses"] == masked["hypotheses"]
         if not same:
             log.warning("the physically pruned model's translations differ from the masked model's")
@@ -327,7 +335,7 @@ class Session:
 
     def source_tokens(self, split: str) -> list[list[str]]:
         """The source side of a split as the model's tokens (no eos), in sentence order."""
-        return [source for source, _ in backend.split_symbols(self.loaded, split, EVAL_MAX_TOKENS)]
+        return [source for source, _ in backend.split_symbols(self.loaded, split, self.cfg.max_tokens)]
 
     def subword_files(self) -> list[Path]:
         """The files that turn text into the model's tokens: a published or imported model's codes or

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Dict, Iterator, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -142,6 +143,37 @@ def _draw_subset(model, args) -> None:
         selector.sample()
 
 
+@dataclass(frozen=True)
+class Sublayer:
+    """One residual sublayer of a transformer layer, as the data meets it: an attention (`kind` is its type) or
+    the feed-forward (`kind` None). `call`: which of its layer's residual connections adds it back; `norm` is
+    its layer norm (applied before it in a pre-norm layer, after the residual sum in a post-norm one)."""
+    stack: str             # encoder | decoder
+    kind: Optional[str]
+    layer: int             # the layer's index in its stack
+    block: Any             # the transformer layer holding it
+    call: int
+    norm: Any
+    module: Any            # the attention module, or None for the feed-forward (block.fc1, fc2, activation_fn)
+
+
+def sublayers(model) -> List[Sublayer]:
+    """Every residual sublayer of an encoder-decoder transformer in forward order: each encoder layer's
+    self-attention and feed-forward, then each decoder layer's self-attention, encoder attention (where the
+    layer has one) and feed-forward. The one description of a layer's anatomy (Kwon et al.'s layer-by-layer
+    mask tuning and LRP's relevance pass both walk it)."""
+    out = []
+    for i, layer in enumerate(model.encoder.layers):
+        out += [Sublayer("encoder", "enc-self", i, layer, 0, layer.self_attn_layer_norm, layer.self_attn),
+                Sublayer("encoder", None, i, layer, 1, layer.final_layer_norm, None)]
+    for i, layer in enumerate(model.decoder.layers):
+        out.append(Sublayer("decoder", "dec-self", i, layer, 0, layer.self_attn_layer_norm, layer.self_attn))
+        if layer.encoder_attn is not None:
+            out.append(Sublayer("decoder", "dec-enc", i, layer, 1, layer.encoder_attn_layer_norm, layer.encoder_attn))
+        out.append(Sublayer("decoder", None, i, layer, out[-1].call + 1, layer.final_layer_norm, None))
+    return out
+
+
 @register_model("hprune_transformer")
 class HpruneTransformerModel(TransformerModel):
     @classmethod
@@ -237,6 +269,9 @@ class HpruneTransformerModel(TransformerModel):
         for i, layer in enumerate(self.decoder.layers):
             if layer.encoder_attn is not None:
                 yield "dec-enc", i, layer.encoder_attn
+
+    def sublayers(self) -> List[Sublayer]:
+        return sublayers(self)
 
     def set_head_mask(self, mask: Optional[Dict[str, List[List[float]]]]) -> None:
         """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""

@@ -226,24 +226,16 @@ class Block:
         return (conserved[0], conserved[1]) if r_memory is not None else (conserved, None)
 
 
-def _ffn(layer):
-    return layer.fc1, layer.fc2, layer.activation_fn
-
-
-def encoder_blocks(layer, index: int) -> List[Block]:
-    _check_layer(layer)
-    pre = layer.normalize_before
-    return [Block(layer.self_attn_layer_norm, pre, "enc-self", index, attention=layer.self_attn),
-            Block(layer.final_layer_norm, pre, ffn=_ffn(layer))]
-
-
-def decoder_blocks(layer, index: int) -> List[Block]:
-    _check_layer(layer)
-    pre = layer.normalize_before
-    blocks = [Block(layer.self_attn_layer_norm, pre, "dec-self", index, attention=layer.self_attn, causal=True)]
-    if layer.encoder_attn is not None:
-        blocks.append(Block(layer.encoder_attn_layer_norm, pre, "dec-enc", index, attention=layer.encoder_attn))
-    return blocks + [Block(layer.final_layer_norm, pre, ffn=_ffn(layer))]
+def blocks(model) -> tuple[List[Block], List[Block]]:
+    """The encoder's and the decoder's residual sublayers in forward order (the plugin's description of a layer),
+    as blocks relevance is propagated through."""
+    out: dict = {"encoder": [], "decoder": []}
+    for s in model.sublayers():
+        _check_layer(s.block)
+        extra = (dict(attention=s.module, causal=s.kind == "dec-self") if s.kind is not None
+                 else dict(ffn=(s.block.fc1, s.block.fc2, s.block.activation_fn)))
+        out[s.stack].append(Block(s.norm, s.block.normalize_before, s.kind, s.layer, **extra))
+    return out["encoder"], out["decoder"]
 
 
 # --------------------------------------------------------------------------------------- the whole model
@@ -283,8 +275,7 @@ def propagate(model, src: Tensor, prev: Tensor) -> Trace:
         if getattr(model.decoder, part, None) is not None:
             raise UnsupportedModel(f"LRP does not support a decoder with {part}")
     seen = _capture(model, src, prev)
-    enc_blocks = [block for i, layer in enumerate(model.encoder.layers) for block in encoder_blocks(layer, i)]
-    dec_blocks = [block for i, layer in enumerate(model.decoder.layers) for block in decoder_blocks(layer, i)]
+    enc_blocks, dec_blocks = blocks(model)
 
     def run(blocks: List[Block], inputs: List[Tensor], last: Tensor, side: str, memory=None) -> Tensor:
         x = inputs[0]

@@ -41,7 +41,7 @@ from .generation import (  # noqa: E402
     symbols_to_text,
     translate,
 )  # noqa: E402
-from .hf import import_hf, is_hf_dir  # noqa: E402
+from .hf import import_hf  # noqa: E402
 from .loading import (  # noqa: E402
     Checkpoint,
     Loaded,
@@ -65,7 +65,7 @@ from .training import (  # noqa: E402
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations",
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
-           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "is_hf_dir", "load_model",
+           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",
            "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_device", "sampled_batches", "split_loss",
            "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv",
            "train_speed", "translate"]

@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..errors import UserError
-from ..files import write_atomic
+from ..files import build_once, write_atomic
+from ..model_folder import HF_FAMILIES, HF_WEIGHTS, hf_family, read_hf_config, write_settings
 from .compat import PLUGIN_DIR
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
-FSMT_FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
-MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+FSMT_FILES, MARIAN_FILES = HF_FAMILIES["fsmt"].files, HF_FAMILIES["marian"].files
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_accurate", "swish": "relu", "silu": "relu",
                "tanh": "tanh"}  # swish: set after parsing (_save)
 NO_LOGIT = -100.0  # output bias of a fairseq special Marian lacks: exp(-100) adds nothing to the softmax, and the
@@ -38,19 +36,8 @@ NO_LOGIT = -100.0  # output bias of a fairseq special Marian lacks: exp(-100) ad
 INSTALL = "pip install 'hprune[hf]'"
 
 
-def is_hf_dir(path: Path) -> bool:
-    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
-
-
-def read_config(folder: Path) -> dict:
-    try:
-        return json.loads((folder / "config.json").read_text())
-    except ValueError as err:
-        raise UserError(f"{folder}/config.json is not JSON ({err}); pass the folder save_pretrained wrote") from None
-
-
 def _weights(folder: Path) -> dict:
-    if (folder / WEIGHTS[0]).is_file():
+    if (folder / HF_WEIGHTS[0]).is_file():
         try:
             from safetensors.torch import load_file
         except ImportError:
@@ -233,49 +220,24 @@ def _import_marian(folder: Path, config: dict, staging: Path) -> dict:
     return {"tokenizer": "none"}  # Marian's tokenizer puts raw text into sentencepiece
 
 
-@dataclass(frozen=True)
-class Family:
-    model_class: str
-    load: Callable[[Path, dict, Path], dict]  # (folder, config, staging) -> hprune.yaml settings
-    files: tuple[str, ...]                    # the tokenizer's files, all needed
-    optional: tuple[str, ...] = ()
-
-
-FAMILIES = {
-    "fsmt": Family("FSMTForConditionalGeneration", _import_fsmt, FSMT_FILES,
-                   ("tokenizer_config.json", "generation_config.json")),
-    "marian": Family("MarianMTModel", _import_marian, MARIAN_FILES,
-                     ("tokenizer_config.json", "generation_config.json", "target_vocab.json")),
-}
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
-
-
-def family_of(config: dict, where) -> str:
-    family = config.get("model_type")
-    if family not in FAMILIES:
-        raise UserError(f"{where} holds a Hugging Face '{family}' model; hprune imports the translation models "
-                        f"{', '.join(f.model_class for f in FAMILIES.values())}")
-    return family
+IMPORTERS: dict[str, Callable[[Path, dict, Path], dict]] = {  # (folder, config, staging) -> hprune.yaml settings
+    "fsmt": _import_fsmt, "marian": _import_marian}
 
 
 def import_hf(folder: Path, models_root: Path) -> Path:
     """The model.pt of a Hugging Face model folder imported as a fairseq model folder under
     `<models_root>/hf/<name>-<fingerprint>/` (imported once; a changed folder is imported again)."""
     folder = Path(folder).expanduser()
-    config = read_config(folder)
-    family = family_of(config, folder)
-    dest = Path(models_root).expanduser().absolute() / "hf" / f"{folder.name}-{_fingerprint(folder)}"
+    config = read_hf_config(folder)
+    family = hf_family(config, folder)
+    # a Hub snapshot (<cache>/models--ORG--NAME/snapshots/<commit>) is named after its repository
+    name = folder.parent.parent.name.removeprefix("models--") if folder.parent.name == "snapshots" else folder.name
+    dest = Path(models_root).expanduser().absolute() / "hf" / f"{name}-{_fingerprint(folder)}"
     if (dest / "model.pt").is_file():
         return dest / "model.pt"
-    staging = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        settings = FAMILIES[family].load(folder, config, staging)
-        source = {"source": {"hf_dir": str(folder.absolute()), "model_type": family}}
-        write_atomic(staging / "hprune.yaml", "".join(f"{k}: {json.dumps(v)}\n" for k, v in {**source, **settings}.items()))
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staging, dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    def convert(staging: Path) -> None:
+        settings = IMPORTERS[family](folder, config, staging)
+        write_settings(staging, {"source": {"hf_dir": str(folder.absolute()), "model_type": family}, **settings})
+
+    build_once(dest, "model.pt", convert)
     return dest / "model.pt"

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, open_dict
 
 from ..errors import UserError
 from ..files import write_json
+from .kinds import DataKind, register_kind
 
 SPLIT_FILE = re.compile(r"^(?P<split>[a-z]+\d*)\.(?P<src>[\w-]+?)-(?P<tgt>[\w-]+)\.(?P<lang>[\w-]+)\.bin$")
 
@@ -99,3 +100,7 @@ def build(data: DictConfig, staging: Path) -> dict:
                "references_decoded_from_bin": decoded}
     write_json(staging / "data.json", summary)
     return summary
+
+
+register_kind(DataKind("databin", key=config_key, check=splits, build=lambda data, root, staging: build(data, staging),
+                        bind=lambda data, checkpoint, languages: bind(data)))

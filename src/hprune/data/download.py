@@ -2,7 +2,8 @@
 
 A file is written as `<dest>.part` and renamed to `<dest>` only once its checksum is right, so a file under its
 final name is always complete. A verified file gets a `<dest>.verified` stamp (size, mtime, checksum) so the
-next run does not hash gigabytes again.
+next run does not hash gigabytes again. Two processes fetching one file (sweep jobs on a cold cache) take turns
+through a lock file (`<dest>.lock`): the second finds the file complete. A terminal shows a progress bar.
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .. import console
 from ..errors import UserError
+from ..files import locked
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
@@ -92,12 +95,19 @@ def fetch(remote: Remote, dest: Path, retries: int = 4, backoff_s: float = 2.0, 
     dest = Path(dest)
     if is_verified(dest, remote):
         return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with locked(dest):
+        return _fetch(remote, dest, retries, backoff_s, timeout_s)
+
+
+def _fetch(remote: Remote, dest: Path, retries: int, backoff_s: float, timeout_s: float) -> Path:
+    if is_verified(dest, remote):  # another process fetched it while this one waited for the lock
+        return dest
     if dest.exists():
         log.warning("%s does not match its checksum; downloading it again", dest)
         dest.unlink()
     if remote.url is None:
         raise UserError(f"{dest.name} cannot be downloaded automatically; {manual_hint(remote, dest)}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
         part = _download(remote, dest, retries, backoff_s, timeout_s)
         expected = remote.checksum
@@ -159,13 +169,15 @@ def _download_once(remote: Remote, part: Path, timeout_s: float) -> bool:
             log.info("%s does not resume downloads; starting again", remote.url)
             have = 0
         total = _total_size(response, have)
-        with open(part, "ab" if have else "wb") as out:
+        with open(part, "ab" if have else "wb") as out, console.progress(part.name[:-5], total, "B") as bar:
+            bar.goto(have)
             while True:
                 block = response.read(CHUNK)
                 if not block:
                     break
                 out.write(block)
                 have += len(block)
+                bar.goto(have)
     return total is None or have >= total
 
 

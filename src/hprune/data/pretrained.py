@@ -24,17 +24,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import UserError
 from ..files import write_json
+from ..model_folder import SETTINGS_FILE, read_settings
 from . import testsets
+from .kinds import DataKind, register_kind
 from .text import fastbpe_codes_to_subword_nmt, line_function
 
 log = logging.getLogger(__name__)
-SETTINGS_FILE = "hprune.yaml"
 CODES_FILES = ("bpecodes", "code", "codes")
 SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "sentencepiece.model", "spm.model")
 SIDE_SENTENCEPIECE = ("spm.{lang}.model", "sentencepiece.{lang}.model")  # one model a side (imported Marian models)
 TOKENIZERS = ("moses", None, "none")  # Moses; Moses' punctuation normalisation only (null); the text as it is
 BPE_KINDS = ("auto", "subword_nmt", "fastbpe", "sentencepiece", "none")
-SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe")  # what hprune.yaml may hold
 POST_PROCESS = {"subword_nmt": "subword_nmt", "fastbpe": "subword_nmt", "sentencepiece": "sentencepiece", "none": None}
 FORMAT_VERSION = 1  # bump when the preparation changes for the same inputs
 
@@ -88,17 +88,6 @@ def model_files(data: DictConfig) -> ModelFiles:
         raise UserError(f"data.bpe={bpe} but {folder} has no {'sentencepiece model' if bpe == 'sentencepiece' else 'codes'} "
                         "file; set data.bpe=auto")
     return ModelFiles(folder, dictionaries, bpe, paths)
-
-
-def read_settings(folder: Path) -> dict:
-    path = Path(folder) / SETTINGS_FILE
-    if not path.is_file():
-        return {}
-    settings = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
-    unknown = set(settings) - set(SETTINGS) - {"source"}
-    if unknown:
-        raise UserError(f"{path}: unknown setting(s) {sorted(unknown)}; it may hold {', '.join(SETTINGS)}")
-    return settings
 
 
 def bind(data: DictConfig, checkpoint: Optional[Path] = None,
@@ -277,3 +266,7 @@ def build(data: DictConfig, staging: Path) -> dict:
                             for (split, lang), c in counts.items()}}
     write_json(staging / "data.json", summary)
     return summary
+
+
+register_kind(DataKind("pretrained", key=config_key, check=check, build=lambda data, root, staging: build(data, staging),
+                        bind=bind, from_model=True))

@@ -15,13 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
-
 from ..errors import UserError
-from ..files import write_atomic
+from ..files import build_once, write_atomic
+from ..model_folder import SETTINGS_FILE, write_settings
 from .corpora import ARCHIVE_ERRORS
 from .download import Remote, fetch, file_digest
-from .pretrained import SETTINGS_FILE
 
 BASE_URL = "https://dl.fbaipublicfiles.com/fairseq/models/"
 
@@ -61,10 +59,6 @@ def _published(name: Optional[str]) -> Published:
     return PUBLISHED[name]
 
 
-def _write_settings(folder: Path, settings: dict) -> None:
-    write_atomic(folder / SETTINGS_FILE, OmegaConf.to_yaml(OmegaConf.create(settings)))
-
-
 def _recorded(record: Path) -> Optional[str]:
     return record.read_text().split()[0] if record.is_file() else None
 
@@ -78,7 +72,7 @@ def fetch_published(name: str, models_root: Path, downloads: Path, mirror: Optio
     if (folder / SETTINGS_FILE).is_file():
         return folder
     if any(folder.glob("dict.*.txt")):  # unpacked by hand: it only lacks its settings
-        _write_settings(folder, published.settings)
+        write_settings(folder, published.settings)
         return folder
     url = (mirror or BASE_URL).rstrip("/") + "/" + published.archive
     archive = Path(downloads).expanduser().absolute() / published.archive
@@ -88,21 +82,21 @@ def fetch_published(name: str, models_root: Path, downloads: Path, mirror: Optio
     sha256 = recorded or file_digest(archive, "sha256")
     if recorded is None:  # no public checksum: remember this download's, check every later one against it
         write_atomic(record, f"{sha256}  {archive.name}\n")
-    staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+
+    def unpack(staging: Path) -> None:
+        scratch = staging / ".unpacked"
         try:
             with tarfile.open(archive) as tar:
-                tar.extractall(staging, filter="data")
+                tar.extractall(scratch, filter="data")
         except ARCHIVE_ERRORS as err:
             raise UserError(f"{archive} is corrupt ({err}); delete it (and {record.name}) and run again") from None
-        entries = list(staging.iterdir())
-        root = entries[0] if len(entries) == 1 and entries[0].is_dir() else staging  # the archive's own folder
-        _write_settings(root, {**published.settings,
-                               "source": {"url": url, "sha256": sha256, "sha256_source": "first download"}})
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(root, folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        entries = list(scratch.iterdir())
+        root = entries[0] if len(entries) == 1 and entries[0].is_dir() else scratch  # the archive's own folder
+        for entry in root.iterdir():
+            os.replace(entry, staging / entry.name)
+        shutil.rmtree(scratch)
+        write_settings(staging, {**published.settings,
+                                  "source": {"url": url, "sha256": sha256, "sha256_source": "first download"}})
+
+    build_once(folder, SETTINGS_FILE, unpack)
     return folder

@@ -26,10 +26,16 @@ byte for byte.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import UserError
+from .kinds import DataKind, register_kind
 
 SRC, TGT = "src", "tgt"
 ARC_LABELS = ("nsubj", "dobj", "amod", "advmod")  # the relations of the gold arcs (raw/<split>.arcs.jsonl)
@@ -232,3 +238,54 @@ def write_corpus(params: ToyParams, raw_dir: Path, pieces_dir: Path) -> None:
         (raw_dir / f"{split}.arcs.jsonl").write_text(
             "".join(json.dumps({"arcs": [list(a) for a in s.arcs]}) + "\n" for s in sentences))
     (raw_dir / "params.json").write_text(json.dumps(asdict(params), indent=1, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------------------- the data kind
+FORMAT_VERSION = 3  # bump when the generator or the binarization changes
+
+
+def params_of(data: DictConfig) -> ToyParams:
+    params = OmegaConf.to_container(data.params, resolve=True)
+    unknown = set(params) - set(ToyParams.__dataclass_fields__)
+    if unknown:
+        raise UserError(f"unknown toy data parameter(s) {sorted(unknown)}; "
+                        f"valid ones: {', '.join(ToyParams.__dataclass_fields__)}")
+    least = {"n_train": 1, "n_valid": 1, "n_noun_classes": 1, "nouns_per_class": 1, "n_adjectives": 1, "n_verbs": 1,
+             "n_adverbs": 1, "n_names": 1, "name_min_count": 1, "n_stems": 1, "n_endings": 1}  # others may be 0
+    probabilities = ("p_adverb", "p_object_first")
+    for key, value in params.items():
+        if key == "seed" or key in probabilities:
+            continue
+        if not isinstance(value, int) or value < least.get(key, 0):
+            raise UserError(f"data.params.{key}={value} must be a whole number >= {least.get(key, 0)}; "
+                            f"e.g. data.params.{key}={getattr(ToyParams, key)}")
+    if params.get("name_max_count", ToyParams.name_max_count) < params.get("name_min_count", ToyParams.name_min_count):
+        raise UserError("data.params.name_max_count must be >= data.params.name_min_count")
+    for key in probabilities:
+        if not isinstance(params.get(key, 0), (int, float)) or not 0 <= params.get(key, 0) <= 1:
+            raise UserError(f"data.params.{key}={params[key]} is a probability; use 0..1")
+    toy = ToyParams(**params)
+    try:
+        build_lexicon(toy)  # a few milliseconds: refuses inventories too small for the words asked for
+    except ValueError as err:
+        raise UserError(f"data.params: {err}") from None
+    if toy.n_names * toy.name_max_count > 2 * toy.n_train:
+        raise UserError(f"data.params.n_train={toy.n_train} has too few noun phrases for n_names x name_max_count "
+                        f"= {toy.n_names * toy.name_max_count} name occurrences; raise n_train or lower n_names")
+    return toy
+
+
+def key(data: DictConfig) -> str:
+    params = json.dumps({"kind": "toy", "params": asdict(params_of(data)), "format": FORMAT_VERSION}, sort_keys=True)
+    return hashlib.sha1(params.encode()).hexdigest()[:12]
+
+
+def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
+    from .. import backend  # fairseq is needed only to build
+
+    write_corpus(params_of(data), staging / "raw", staging / "pieces")
+    backend.binarize(staging / "pieces", staging / "bin", SRC, TGT)
+    return {}
+
+
+register_kind(DataKind("toy", key=key, check=params_of, build=build))

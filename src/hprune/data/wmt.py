@@ -10,7 +10,6 @@ BPE and what follows. A stage is built under a temporary name and renamed when c
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -24,10 +23,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
-from ..files import write_json
+from ..files import build_once, write_json
 from . import testsets
 from .corpora import BadLines, download_name, languages, read_pairs, remote
 from .download import fetch
+from .kinds import DataKind, register_kind
 from .text import keep_pair, learn_sentencepiece, learn_subword_nmt, map_file
 
 log = logging.getLogger(__name__)
@@ -81,24 +81,13 @@ def run_stage(stages: Path, name: str, inputs: dict, build: Callable[[Path], Opt
     if (final / "DONE").exists():
         log.info("%s: cached (%s)", name, final)
         return final
-    shutil.rmtree(final, ignore_errors=True)  # only a folder altered by hand lacks DONE: os.replace could not replace it
-    staging = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     start = time.perf_counter()
-    try:
-        staging.mkdir(parents=True)
+
+    def stage(staging: Path) -> None:
         info = build(staging) or {}
         write_json(staging / "DONE", {"inputs": inputs, "seconds": round(time.perf_counter() - start, 2), **info})
-    except BaseException as err:  # nothing half-built stays behind
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            raise UserError(f"the disk is full while building stage {name} in {stages}; free space or set "
-                            "paths.data_root=<a larger disk> (nothing half-written was kept)") from None
-        raise
-    try:
-        os.replace(staging, final)
-    except OSError:  # another process (a parallel sweep job) built the same stage first: keep its copy
-        shutil.rmtree(staging, ignore_errors=True)
+
+    build_once(final, "DONE", stage)
     log.info("%s: built in %.1f s (%s)", name, time.perf_counter() - start, final)
     return final
 
@@ -307,3 +296,6 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
 def _count(path: Path) -> int:
     with open(path, "rb") as f:
         return sum(1 for _ in f)
+
+
+register_kind(DataKind("wmt", key=config_key, check=check_wmt, build=build))

@@ -26,7 +26,7 @@ from ..errors import UserError
 from ..files import write_atomic
 from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
-from . import register_method, trained
+from . import Control, register_method, trained
 
 
 def check_settings(p: DictConfig) -> None:
@@ -67,7 +67,11 @@ def logit_table(model) -> pd.DataFrame:
                          for (kind, layer, h), logit, k in zip(heads, logits, kept)])
 
 
-@register_method("dsp", procedure=True, check=check_settings)
+# K = every head: the same continued training, nothing selected
+CONTROL = Control("K=all control", lambda p, metrics: metrics["control"], Control.shares + ("prune.joint",))
+
+
+@register_method("dsp", procedure=True, check=check_settings, control=CONTROL)
 def dsp(start, cfg: DictConfig, out: Path) -> dict:
     """Li et al. 2021: a Gumbel soft top-K over learned head logits keeps exactly K heads."""
     p = cfg.prune

@@ -49,10 +49,10 @@ from ..flops import mask_macs
 from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
+from ..session import delta_bleu
 from . import register_method, trained
 
 log = logging.getLogger(__name__)
-EVAL_MAX_TOKENS = 4096
 STAGE_RESAMPLES = 1000  # the stages' paired bootstrap when significance.resamples is 0 (off for curves)
 
 
@@ -122,26 +122,16 @@ def rearrange(kept: set, heads: List[Head], grads: torch.Tensor, types) -> set:
 
 
 # --------------------------------------------------------------------------------------------- tuning
-def forward_order(model) -> List[Tuple[str, int, object]]:
-    """The attention sublayers in the order the data meets them: the encoder's, then each decoder layer's
-    self-attention and encoder attention."""
-    modules = {(kind, layer): m for kind, layer, m in model.attention_modules()}
-    order = [("enc-self", i) for i in range(len(model.encoder.layers))]
-    for i in range(len(model.decoder.layers)):
-        order += [("dec-self", i)] + ([("dec-enc", i)] if ("dec-enc", i) in modules else [])
-    return [(kind, layer, modules[(kind, layer)]) for kind, layer in order]
-
-
-def _layer_and_call(model, kind: str, layer: int):
-    """The transformer layer holding an attention sublayer, and which of its residual connections is that one."""
-    return (model.encoder.layers[layer], 0) if kind == "enc-self" else \
-        (model.decoder.layers[layer], 0 if kind == "dec-self" else 1)
+def forward_order(model) -> list:
+    """The attention sublayers in the order the data meets them (the plugin's Sublayer: kind, layer, module,
+    the transformer layer and which of its residual connections is this one's)."""
+    return [s for s in model.sublayers() if s.kind is not None]
 
 
 @contextlib.contextmanager
-def residuals(model, kind: str, layer: int, sink: list):
+def residuals(sublayer, sink: list):
     """Record (sublayer output, residual) at the sublayer's residual connection on every forward."""
-    block, call = _layer_and_call(model, kind, layer)
+    block, call = sublayer.block, sublayer.call
     calls = [0]
     reset = block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, 0))
     original = block.residual_connection
@@ -170,17 +160,19 @@ def _real(sample: dict, kind: str, pad: int) -> torch.Tensor:
 def least_squares(student, teacher, kind: str, layer: int, batches: List[dict], pad: int, units: List[int]):
     """Normal equations (AᵀA, Aᵀb) of the scales of `units` (local indices) that make the student's sublayer
     output, residual included, closest to the teacher's over the calibration tokens."""
-    module = next(m for k, i, m in student.attention_modules() if (k, i) == (kind, layer))
+    at = {(s.kind, s.layer): s for s in forward_order(student)}[kind, layer]
+    there = {(s.kind, s.layer): s for s in forward_order(teacher)}[kind, layer]
+    module = at.module
     bias = getattr(getattr(module, "out_proj", None), "bias", None)
     gram = torch.zeros(len(units), len(units), dtype=torch.float64)
     target = torch.zeros(len(units), dtype=torch.float64)
     for sample in batches:
         seen_teacher, seen_student = [], []
-        with residuals(teacher, kind, layer, seen_teacher):
+        with residuals(there, seen_teacher):
             teacher(**sample["net_input"])
         module.record_contributions = True
         try:
-            with residuals(student, kind, layer, seen_student):
+            with residuals(at, seen_student):
                 student(**sample["net_input"])
             shares = module.unit_contributions.permute(2, 0, 1, 3)  # (len, batch, units, d)
         finally:
@@ -208,7 +200,8 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
     scales: Dict[Head, float] = {}
     stopped = "done"
     first = {"enc-self": 0, "dec-self": 0}
-    for kind, layer, module in forward_order(model):
+    for sublayer in forward_order(model):
+        kind, layer, module = sublayer.kind, sublayer.layer, sublayer.module
         units = [i for i, h in enumerate(module.head_ids) if mask[kind][layer][h]]
         if kind not in types or not units or first.get(kind) == layer:
             continue
@@ -237,7 +230,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     pool = pool_of(model, types)
     costs = session.unit_costs()
     base = mask_macs(costs, session.unpruned_mask(), types)
-    unpruned = session.evaluate(None, EVAL_MAX_TOKENS)
+    unpruned = session.evaluate(None)
     translations.save(out, "unpruned", unpruned)
 
     started = time.perf_counter()
@@ -265,7 +258,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     stages, results = [], {}
     for stage, heads_kept in kept.items():
         stage_mask = mask_without(model, pool - heads_kept)
-        results[stage] = session.evaluate(stage_mask, EVAL_MAX_TOKENS)
+        results[stage] = session.evaluate(stage_mask)
         translations.save(out, stage, results[stage])
         stages.append(_stage_row(session, stage, stage_mask, results[stage], unpruned, types))
     scales, stopped = {}, "off"
@@ -274,7 +267,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         scales, stopped = tune(session, mask_without(model, pool - teacher_kept), mask, types, batches,
                                p.tune_max_scale)
         seconds["tune"] = time.perf_counter() - started
-        results["tuned"] = session.evaluate(mask, EVAL_MAX_TOKENS)
+        results["tuned"] = session.evaluate(mask)
         stages.append(_stage_row(session, "tuned", mask, results["tuned"], unpruned, types))
     names, sig = list(results), cfg.significance  # each stage against the one before it, on the same sentences
     for row, before, stage in zip(stages[1:], names, names[1:]):
@@ -303,7 +296,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **session.provenance(),
     }
     if p.export:
-        metrics.update(session.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result, EVAL_MAX_TOKENS))
+        metrics.update(session.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result))
     print(pd.DataFrame(stages).to_string(index=False))
     print(summary(metrics))
     return metrics
@@ -312,7 +305,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
 def _stage_row(session, stage: str, mask: dict, result: dict, unpruned: dict, types) -> dict:
     return {"stage": stage, "kept_heads": sum(sum(map(sum, mask[kind])) for kind in types),
             "attention_macs_pct": session.attention_macs_pct(mask, types), "bleu": result["bleu"],
-            "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4), "valid_loss": result["valid_loss"]}
+            "delta_bleu": delta_bleu(result, unpruned), "valid_loss": result["valid_loss"]}
 
 
 def summary(m: dict) -> str:

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from .. import backend, translations
 from ..files import write_json
 from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of
+from ..session import delta_bleu
 
 
 def train(start, cfg: DictConfig, options: list, out: Path, label: str):
@@ -28,7 +29,7 @@ def train(start, cfg: DictConfig, options: list, out: Path, label: str):
 
 def unpruned(start, cfg: DictConfig, out: Path) -> tuple:
     """The pool of prune.types' heads and the start's evaluation (its translations saved), before any training."""
-    result = start.evaluate(None, cfg.prune.optim.max_tokens)
+    result = start.evaluate(None)
     translations.save(out, "unpruned", result)
     return pool_of(start.model, cfg.prune.types), result
 
@@ -48,7 +49,7 @@ def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path)
         table = table.assign(kept_free=table["kept"], kept=[int(head in kept) for head in by_head])
     closed = {(r.type, int(r.layer), int(r.head)) for r in table.itertuples() if not r.kept}
     mask = trained.fold_gates(mask_without(trained.model, closed))
-    result = trained.evaluate(mask, p.optim.max_tokens)
+    result = trained.evaluate(mask)
     translations.save(out, "pruned", result)
     write_json(out / "head_mask.json", mask)
     return table, closed, mask, result
@@ -57,7 +58,7 @@ def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path)
 def outcome(session, types, pool: set, closed: set, mask: dict, result: dict, unpruned: dict) -> dict:
     """The metrics of a procedure's mask and of its evaluation against the unpruned model's."""
     return {
-        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": round(result["bleu"] - unpruned["bleu"], 4),
+        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": delta_bleu(result, unpruned),
         "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
         "bleu_signature": result["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
         "kept_heads": len(pool) - len(closed), "pct_pruned": round(100 * len(closed) / len(pool), 2),
@@ -81,13 +82,13 @@ def finetune_and_export(start, trained, cfg: DictConfig, mask: dict, result: dic
     p, found = cfg.prune, {}
     if p.finetune.updates:
         trained.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
-        result = trained.evaluate(mask, p.optim.max_tokens)
+        result = trained.evaluate(mask)
         translations.save(out, "finetuned", result)
         found.update(finetune_updates=p.finetune.updates, bleu_finetuned=result["bleu"],
-                     delta_bleu_finetuned=round(result["bleu"] - unpruned["bleu"], 4),
+                     delta_bleu_finetuned=delta_bleu(result, unpruned),
                      valid_loss_finetuned=result["valid_loss"])
     if p.export:
-        found.update(trained.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result, p.optim.max_tokens,
+        found.update(trained.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result,
                                     config_from=start.checkpoint))
     return found
 

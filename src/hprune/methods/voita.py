@@ -23,7 +23,8 @@ from ..files import write_atomic
 from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
-from . import register_method, trained
+from ..session import delta_bleu
+from . import Control, register_method, trained
 
 ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
 
@@ -119,9 +120,9 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned
     backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh",
                   label="from scratch")
     trained = start.reopen(save / "checkpoint_best.pt")
-    result = trained.evaluate(None, cfg.prune.optim.max_tokens)
+    result = trained.evaluate(None)
     translations.save(out, "scratch", result)
-    metrics = {"bleu_scratch": result["bleu"], "delta_bleu_scratch": round(result["bleu"] - unpruned["bleu"], 4),
+    metrics = {"bleu_scratch": result["bleu"], "delta_bleu_scratch": delta_bleu(result, unpruned),
                "valid_loss_scratch": result["valid_loss"],
                "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
                "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
@@ -133,7 +134,12 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned
     return metrics
 
 
-@register_method("voita", procedure=True, check=check_settings)
+# λ = 0 without a head budget: the same continued training with gates but no penalty
+CONTROL = Control("λ=0 control", lambda p, metrics: p.l0_lambda == 0 and p.head_budget is None,
+                  Control.shares + ("prune.l0_normalize", "prune.gate_init", "prune.freeze_decoder"))
+
+
+@register_method("voita", procedure=True, check=check_settings, control=CONTROL)
 def voita(start, cfg: DictConfig, out: Path) -> dict:
     """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
     p = cfg.prune

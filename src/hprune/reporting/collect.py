@@ -4,8 +4,9 @@ A run dir is any folder with `.hydra/config.yaml` (a single run or one job of a 
 when its `metrics.json` is there (the verbs write it last, atomically); otherwise it is listed as incomplete
 (failed, killed or still running), never dropped silently. Each row holds the run's path, its verb, its
 command-line overrides, the settings that decide whether two BLEU scores can be compared, the recipe and seed
-of the model it used (runs that differ by seed only are aggregated over), a key its control must share, and
-every scalar of metrics.json. Prune runs with a curve (curve.csv) also give one row per curve point.
+of the model it used (runs that differ by seed only are aggregated over), and every scalar of metrics.json (a
+trained method's run records there the key it shares with its control: methods/__init__.py, Control).
+Prune runs with a curve (curve.csv) also give one row per curve point.
 """
 from __future__ import annotations
 
@@ -28,10 +29,6 @@ RECIPE_KEYS = ("data", "model", "optim", "average_last", "head_mask")
 # what does not make two runs different settings: runs whose configs differ only here (and in the seed of the
 # model's training, its recipe being the same) are the same setting's seeds
 NOT_A_SETTING = ("seed", "ckpt", "paths", "verbose", "tensorboard", "device")
-# what a trained run's control (Voita: λ = 0; DSP: K = every head) shares with it: the same extra training,
-# without the pressure to prune
-CONTROL_KEYS = ("ckpt", "seed", "split", "prune.method", "prune.types", "prune.optim", "prune.l0_normalize",
-                "prune.gate_init", "prune.freeze_decoder", "prune.joint")
 
 
 @dataclass
@@ -95,12 +92,6 @@ def trained_by(checkpoint) -> tuple[str, Optional[int]]:
     return _digest({key: train.get(key) for key in RECIPE_KEYS}), train.get("seed")
 
 
-def _setting(config: dict, dotted: str):
-    for part in dotted.split("."):
-        config = config.get(part) if isinstance(config, dict) else None
-    return config
-
-
 def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
     """(row, None) for a finished run; (None, why) for an incomplete one; (None, None) for one to skip."""
     try:
@@ -126,8 +117,6 @@ def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
         row["recipe"], row["train_seed"] = trained_by(row["checkpoint"])
     row["setting"] = _digest({"config": {k: v for k, v in config.items() if k not in NOT_A_SETTING},
                               "recipe": row.get("recipe")})
-    if config.get("verb") == "prune":
-        row["control_key"] = _digest({key: _setting(config, key) for key in CONTROL_KEYS})
     return row, None
 
 

@@ -2,7 +2,7 @@
 
 - comparison: BLEU and ΔBLEU of each pruning method at matched sparsity (25 / 50 / 75 % of the pooled heads),
   read off each method's BLEU-vs-%-pruned points by linear interpolation, on one model and one head pool;
-- lambdas: Voita et al.'s gated runs, one row per λ (or head budget);
+- controlled: the runs of methods that train, against their control (Voita: one row per λ or head budget);
 - moa: evaluated models with their experts (E, k), parameters, MACs per token and BLEU;
 - runs: any columns of the runs, optionally grouped (mean, and how many runs).
 """
@@ -26,26 +26,26 @@ RUN_COLUMNS = ["run", "verb", "method", "layout", "pct_pruned", "kept_heads", "b
 
 
 def markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
-    """Markdown (pandas' own to_markdown needs the optional tabulate package)."""
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |",
-             "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(table[c]) else "---" for c in table.columns) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in cells(table, floatfmt)]
-    return "\n".join(lines) + "\n"
+    """A Markdown (pipe) table: pandas' to_markdown (tabulate) of the cells as `cells` writes them, numbers
+    right-aligned."""
+    text = _as_text(table, floatfmt)
+    if table.columns.empty:
+        return ""
+    return text.to_markdown(index=False, disable_numparse=True, colalign=[
+        "right" if pd.api.types.is_numeric_dtype(table[c]) else "left" for c in table.columns]) + "\n"
 
 
 def latex(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
-    """A booktabs tabular (no jinja2 needed, unlike DataFrame.to_latex)."""
-    def esc(text: str) -> str:
-        for char, repl in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                           ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("Δ", r"$\Delta$")):
-            text = text.replace(char, repl)
-        return text
-
+    """A booktabs tabular: pandas' Styler.to_latex, LaTeX's special characters escaped. Δ (a column prefix) is
+    written $\\Delta$, which pdflatex reads without a Greek font; pandas' escaping leaves it as it is."""
+    text = _as_text(table, floatfmt)
     align = "".join("r" if pd.api.types.is_numeric_dtype(table[c]) else "l" for c in table.columns)
-    lines = [rf"\begin{{tabular}}{{{align}}}", r"\toprule", " & ".join(esc(str(c)) for c in table.columns) + r" \\",
-             r"\midrule"]
-    lines += [" & ".join(esc(cell) for cell in row) + r" \\" for row in cells(table, floatfmt)]
-    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+    styled = text.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    return styled.to_latex(hrules=True, column_format=align).replace("Δ", r"$\Delta$")
+
+
+def _as_text(table: pd.DataFrame, floatfmt: str) -> pd.DataFrame:
+    return pd.DataFrame(cells(table, floatfmt), columns=[str(c) for c in table.columns], dtype=object)
 
 
 def cells(table: pd.DataFrame, floatfmt: str) -> list[list[str]]:
@@ -72,32 +72,24 @@ POINT_COLUMNS = ["run", *GROUP, "method", "layout", "pct_pruned", "attention_mac
 MATCH_MACS = 2.5  # a single run measured within this many points of attention MACs kept is "at" that level
 
 
-CONTROLS = {"voita": "λ=0 control", "dsp": "K=all control"}  # the methods that train, and their control's name
-
-
 def is_control(runs: pd.DataFrame) -> pd.Series:
-    """The runs that are some trained run's control: Voita at λ = 0 (no head budget), DSP keeping every head."""
-    method = runs["method"] if "method" in runs else pd.Series(None, index=runs.index)
-    prune = runs["verb"] == "prune"
-    voita = prune & (method == "voita") & (runs.get("l0_lambda", pd.Series(None, index=runs.index)).astype(float) == 0)
-    if "head_budget" in runs:
-        voita &= runs["head_budget"].isna() | (method != "voita")
-    dsp = prune & (method == "dsp") & runs.get("control", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
-    return voita | dsp
+    """The runs that are some trained run's control, as their method declared it in metrics.json
+    (methods/__init__.py: Control)."""
+    return runs.get("is_control", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
 
 
 def with_controls(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs of the methods that train with their control: the run of the same extra training (same checkpoint,
-    seed, schedule and pool) without the pruning pressure (CONTROLS). Adds bleu_control, control_run and
-    control_path (blank where no control ran)."""
+    """Runs of the methods that train with their control: the run that shares its control_key (the same
+    checkpoint, seed, schedule and pool) and is the control (the same extra training without the pressure to
+    prune). Adds bleu_control, control_run and control_path (blank where no control ran)."""
     runs = runs.copy()
     runs["bleu_control"] = float("nan")
     for column in ("control_run", "control_path"):
         runs[column] = None
-    if "method" not in runs or "control_key" not in runs:
+    if "control_key" not in runs:
         return runs
     controls = runs[is_control(runs)].drop_duplicates("control_key").set_index("control_key")
-    for i in runs.index[(runs["verb"] == "prune") & runs["method"].isin(list(CONTROLS))]:
+    for i in runs.index[runs["control_key"].notna() & ~is_control(runs)]:
         key = runs.at[i, "control_key"]
         if key in controls.index:
             runs.at[i, "bleu_control"] = float(controls.at[key, "bleu"])
@@ -125,14 +117,15 @@ def pruning_points(collection: Collection) -> pd.DataFrame:
     curve_runs = set(collection.curves["run"]) if not collection.curves.empty else set()
     if "method" in runs:
         single = runs[(runs["verb"] == "prune") & ~runs["run"].isin(curve_runs)]
-        single = single.reindex(columns=POINT_COLUMNS + ["path", "bleu_control", "control_path"])
+        single = single.reindex(columns=POINT_COLUMNS + ["path", "bleu_control", "control_path", "control_label"])
         controlled = single["bleu_control"].notna()
         single["hyp"] = "pruned"
-        single["reference"] = [CONTROLS.get(m, "control") if c else "unpruned" for m, c in zip(single["method"], controlled)]
+        single["reference"] = [label if c and isinstance(label, str) else "control" if c else "unpruned"
+                               for label, c in zip(single["control_label"], controlled)]
         single["bleu_reference"] = single["bleu_control"].where(controlled, single["bleu_unpruned"])
         single["reference_path"] = single["control_path"].where(controlled, single["path"])
         single["reference_hyp"] = ["pruned" if c else "unpruned" for c in controlled]
-        parts.append(single.drop(columns=["bleu_control", "control_path"]))
+        parts.append(single.drop(columns=["bleu_control", "control_path", "control_label"]))
     if not parts:
         return pd.DataFrame(columns=POINT_COLUMNS)
     points = pd.concat(parts, ignore_index=True).dropna(subset=["pct_pruned", "bleu"])
@@ -318,7 +311,7 @@ def marked(table: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------------- λ, MoA, runs
-LAMBDA_COLUMNS = ["run", "types", "l0_lambda", "head_budget", "kept_heads", "alive_heads", "heads_pool",
+CONTROLLED_COLUMNS = ["run", "method", "types", "l0_lambda", "head_budget", "kept_heads", "alive_heads", "heads_pool",
                   "pct_pruned", "bleu", "delta_bleu", "bleu_finetuned", "bleu_scratch", "delta_bleu_scratch",
                   "p_scratch_vs_start"]
 MOA_COLUMNS = ["run", "moa_experts", "moa_top_k", "moa_head_dim", "n_params", "macs_per_token",
@@ -329,24 +322,25 @@ def _present(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return table[[c for c in columns if c in table and table[c].notna().any()]]
 
 
-def lambdas(collection: Collection, tests: Optional[Translations] = None) -> pd.DataFrame:
-    """Voita runs, one row per λ (or head budget), against their λ = 0 control where it ran: ΔBLEU (control),
-    the pruning's own effect, and with `tests` its p-value; delta_bleu stays the change from the start, which at
-    λ = 0 is what the extra training alone did."""
+def controlled(collection: Collection, tests: Optional[Translations] = None) -> pd.DataFrame:
+    """Runs of the methods that train with a control (Voita: one row per λ or head budget; DSP: per K), against
+    that control where it ran: ΔBLEU (control), the pruning's own effect, and with `tests` its p-value;
+    delta_bleu stays the change from the start, which for the control is what the extra training alone did."""
     runs = with_controls(collection.runs)
-    if "method" not in runs:
+    if "control_key" not in runs:
         return pd.DataFrame()
-    voita = runs[(runs["verb"] == "prune") & (runs["method"] == "voita")].copy()
-    voita["delta_bleu_control"] = voita["bleu"].astype(float) - voita["bleu_control"].astype(float)
+    trained = runs[runs["control_key"].notna()].copy()
+    trained["delta_bleu_control"] = trained["bleu"].astype(float) - trained["bleu_control"].astype(float)
     if tests is not None and tests.resamples:
         points = pruning_points(collection).set_index("run")
         found = [tests.test(points.loc[run], points.loc[run]) if run in points.index and control not in (None, run)
-                 else None for run, control in zip(voita["run"], voita["control_run"])]
-        voita["p_vs_control"] = [t["p_value"] if t else float("nan") for t in found]
-        voita["significant_vs_control"] = [t["significant"] if t else None for t in found]
-    columns = LAMBDA_COLUMNS + ["control_run", "bleu_control", "delta_bleu_control", "p_vs_control",
-                                "significant_vs_control"]
-    return _present(voita.sort_values(["checkpoint", "types", "l0_lambda"], na_position="last"), columns)
+                 else None for run, control in zip(trained["run"], trained["control_run"])]
+        trained["p_vs_control"] = [t["p_value"] if t else float("nan") for t in found]
+        trained["significant_vs_control"] = [t["significant"] if t else None for t in found]
+    columns = CONTROLLED_COLUMNS + ["control_run", "bleu_control", "delta_bleu_control", "p_vs_control",
+                                    "significant_vs_control"]
+    order = [c for c in ("checkpoint", "types", "method", "l0_lambda", "head_budget") if c in trained]
+    return _present(trained.sort_values(order, na_position="last"), columns)
 
 
 def moa(collection: Collection) -> pd.DataFrame:

@@ -34,7 +34,7 @@ def export(cfg: DictConfig) -> dict:
     metrics = {"format": cfg.format, "mask": cfg.mask, **kept_columns(mask), **session.provenance()}
     if cfg.format == "fairseq":
         metrics.update(session.export(mask, out / "checkpoints" / "checkpoint_pruned.pt",
-                                      session.evaluate(mask, cfg.max_tokens), cfg.max_tokens))
+                                      session.evaluate(mask)))
         print(f"pruned checkpoint: {metrics['export_checkpoint']} ({metrics['params_removed_pct']} % fewer parameters, "
               f"BLEU {metrics['export_bleu']:.2f}, same translations as the masked model: "
               f"{'yes' if metrics['export_same_translations'] else 'NO'})")

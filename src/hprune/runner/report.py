@@ -93,10 +93,11 @@ def _curve_figure(report: Report, group: pd.DataFrame, stem: str, label: str) ->
                                                  baseline_label="unpruned" + (" (mean)" if unpruned.nunique() > 1 else "")))
 
 
-def _lambda_plots(report: Report, lambdas: pd.DataFrame) -> None:
-    if lambdas.empty or "l0_lambda" not in lambdas or lambdas["l0_lambda"].isna().all():
+def _lambda_plots(report: Report, trained: pd.DataFrame) -> None:
+    """BLEU and heads kept against an L0 penalty's λ (Voita's runs), one figure per pool."""
+    if trained.empty or "l0_lambda" not in trained or trained["l0_lambda"].isna().all():
         return
-    for types, group in lambdas.dropna(subset=["l0_lambda"]).groupby("types", sort=False):
+    for types, group in trained.dropna(subset=["l0_lambda"]).groupby("types", sort=False):
         references = {}
         if "bleu_control" in group and group["bleu_control"].notna().any():
             references["λ = 0 control"] = float(group["bleu_control"].astype(float).mean())
@@ -169,10 +170,11 @@ def report_runs(cfg: DictConfig) -> dict:
     report.table("pairwise_seeds", "Methods against each other over seeds",
                  tables.over_seeds(pairs, ["types", *group_by, "sparsity", "method", "versus"]))
     _comparison_plots(report, collection, group_by)
-    lambdas = tables.lambdas(collection, tests)
-    report.table("lambda", "Voita et al. gates: one row per λ; delta_bleu_control: against the λ = 0 control "
-                 "(the same extra training without the penalty), delta_bleu: against the start", lambdas)
-    _lambda_plots(report, lambdas)
+    trained = tables.controlled(collection, tests)
+    report.table("controlled", "Methods that train, against their control (Voita: λ = 0; DSP: K = every head; the "
+                 "same extra training without the pressure to prune): delta_bleu_control against it, delta_bleu "
+                 "against the start", trained)
+    _lambda_plots(report, trained)
     report.table("moa", "Mixture of attention heads: experts, cost and BLEU", tables.moa(collection))
     report.table("runs", "Runs", runs)
     _run_heatmaps(report, collection.runs[collection.runs["verb"].isin(["prune", "eval"])])

@@ -1,0 +1,97 @@
+"""A model folder, the one home of what hprune reads and writes in a folder that holds a model (below both data/
+and backend/; light: no torch, no fairseq).
+
+- `hprune.yaml`: the model's data settings (test, valid and train sets, tokenizer, bpe) and where it came from
+  (`source`). `hprune data fetch published=NAME` and the Hugging Face import write it; data=pretrained reads it.
+  A folder with it says what it is: verbs given such a checkpoint need no `data=` (hprune_cli adds
+  data=pretrained).
+- A Hugging Face folder (what save_pretrained writes, or a Hub snapshot): config.json, the weights, and each
+  family's tokenizer files.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .errors import UserError
+
+SETTINGS_FILE = "hprune.yaml"
+SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe")  # what hprune.yaml may hold, and `source`
+HF_CONFIG = "config.json"
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class HfFamily:
+    model_class: str
+    files: tuple[str, ...]              # the tokenizer's files, all needed
+    optional: tuple[str, ...] = ()      # read where present
+
+
+HF_FAMILIES = {
+    "fsmt": HfFamily("FSMTForConditionalGeneration", ("vocab-src.json", "vocab-tgt.json", "merges.txt"),
+                     ("tokenizer_config.json", "generation_config.json")),
+    "marian": HfFamily("MarianMTModel", ("source.spm", "target.spm", "vocab.json"),
+                       ("tokenizer_config.json", "generation_config.json", "target_vocab.json")),
+}
+
+
+def read_settings(folder: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    path = Path(folder) / SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    settings = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    unknown = set(settings) - set(SETTINGS) - {"source"}
+    if unknown:
+        raise UserError(f"{path}: unknown setting(s) {sorted(unknown)}; it may hold {', '.join(SETTINGS)}")
+    return settings
+
+
+def write_settings(folder: Path, settings: dict) -> None:
+    from omegaconf import OmegaConf
+
+    from .files import write_atomic
+
+    write_atomic(Path(folder) / SETTINGS_FILE, OmegaConf.to_yaml(OmegaConf.create(settings)))
+
+
+def is_hf_dir(path: Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / HF_CONFIG).is_file()
+
+
+def read_hf_config(folder: Path) -> dict:
+    try:
+        return json.loads((Path(folder) / HF_CONFIG).read_text())
+    except ValueError as err:
+        raise UserError(f"{folder}/{HF_CONFIG} is not JSON ({err}); pass the folder save_pretrained wrote") from None
+
+
+def hf_family(config: dict, where) -> str:
+    family = config.get("model_type")
+    if family not in HF_FAMILIES:
+        raise UserError(f"{where} holds a Hugging Face '{family}' model; hprune imports the translation models "
+                        f"{', '.join(f.model_class for f in HF_FAMILIES.values())}")
+    return family
+
+
+def is_hub_id(ckpt: str) -> bool:
+    """`ORG/NAME` that is not a path here: a Hugging Face Hub repository (resolved as from_pretrained does)."""
+    return bool(HUB_ID.fullmatch(str(ckpt))) and not Path(str(ckpt)).expanduser().exists()
+
+
+def says_what_it_is(ckpt: Optional[str]) -> bool:
+    """A checkpoint whose data settings come from its own folder: a Hub id, a Hugging Face folder, or a model
+    file or folder with hprune.yaml beside it."""
+    if not ckpt:
+        return False
+    if is_hub_id(ckpt):
+        return True
+    path = Path(str(ckpt)).expanduser()
+    folder = path if path.is_dir() else path.parent
+    return is_hf_dir(folder) or (folder / SETTINGS_FILE).is_file()
