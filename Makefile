@@ -42,11 +42,14 @@ demo: install ## the study on the synthetic task: train to convergence, Michel's
 	$(VENV)/bin/hprune report outputs/demo hydra.run.dir=outputs/demo/report > /dev/null
 	$(PY) scripts/demo_summary.py outputs/demo
 
-test: install ## run the test suite (without tests marked slow)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+test: install ## run the test suite (without tests marked slow), on two workers (a test file stays on one)
+	$(PY) -m pytest -m "not slow" -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-full: install ## run every test, slow ones included
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+docs-check: demo ## the demo run afresh, then the figures README.md and docs/ quote checked against it and outputs/study (scripts/doc_figures.py)
+	$(PY) scripts/doc_figures.py --check
 
 bench: install ## benchmarks: ratios measured side by side (scripts/bench/)
 	@for script in $(filter-out %/common.py,$(wildcard scripts/bench/*.py)); do \
@@ -58,4 +61,4 @@ lint: install ## static checks
 clean: ## remove the venv, build files and run outputs (not the data cache)
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info outputs multirun .pytest_cache
 
-.PHONY: help install demo test test-full bench lint clean
+.PHONY: help install demo test test-full docs-check bench lint clean

@@ -127,6 +127,12 @@ def _model_data(verb: str, args: list[str]) -> list[str]:
     return args + ["data=pretrained"] if says_what_it_is(ckpt) else args
 
 
+def overrides(verb: str, args: list[str]) -> list[str]:
+    """The command line as the verb's Hydra app takes it: positional words and sugar mapped, a model folder's
+    data implied."""
+    return _model_data(verb, _desugar(verb, positional(verb, args)))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
         fail("", f"unknown verb '{verb}'; choose one of: {', '.join(VERBS)} (see `hprune --help`)")
-    rest = _model_data(verb, _desugar(verb, positional(verb, rest)))
+    rest = overrides(verb, rest)
     if any(f in rest for f in ("-m", "--multirun")) and any(f in rest for f in ("--cfg", "-c")):
         fail(verb, "--cfg prints the config of one run and -m starts a sweep; drop -m and give one value per "
                    "key to see a job's config")

@@ -1,4 +1,6 @@
-"""Shared fixtures: a small synthetic data set and one small trained run, built once per session."""
+"""Shared fixtures: a small synthetic data set and one small trained run, built once per test run, for every
+pytest-xdist worker (`make test` runs two): the first worker to need one builds it under a file lock, the others
+wait and read it."""
 from __future__ import annotations
 
 import atexit
@@ -37,10 +39,31 @@ SMALL_TRAIN = SMALL_DATA + ["optim.max_update=150", "optim.max_tokens=2048", "op
                             "save_interval_updates=25", "log_interval=25", "device=cpu"]
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one core a worker: two workers on two cores, not four threads
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    torch.set_num_threads(1)
+
+
+def shared(tmp_path_factory, name: str, build) -> Path:
+    """`<the test run's temp root>/<name>`, built once by `build(path)` for all xdist workers."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    path = root / name
+    with FileLock(f"{path}.lock"):
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            (root / f"{name}.done").write_text("")
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_root(tmp_path_factory) -> Path:
-    """Every test (and every hprune subprocess) shares one data cache."""
-    root = tmp_path_factory.mktemp("data-bin")
+    """Every test (and every hprune subprocess) shares one data cache (its builds are locked)."""
+    root = shared(tmp_path_factory, "data-bin", lambda path: path.mkdir(parents=True))
     os.environ["HPRUNE_DATA_ROOT"] = str(root)
     return root
 
@@ -90,14 +113,13 @@ def _in_process(args: list[str], cwd: Path) -> sp.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("train") / "run"
-    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN)  # (the train verb as its own process: test_train_eval)
-    return run
+def trained_run(tmp_path_factory, data_root) -> Path:
+    # (the train verb as its own process: test_train_eval)
+    return shared(tmp_path_factory, "train", lambda run: hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN))
 
 
 @pytest.fixture(scope="session")
 def evaluated_run(trained_run, tmp_path_factory) -> tuple[Path, dict]:
-    out = tmp_path_factory.mktemp("eval") / "run"
-    hprune("eval", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", subprocess=True)
+    out = shared(tmp_path_factory, "eval", lambda out: hprune("eval", f"ckpt={trained_run}", f"hydra.run.dir={out}",
+                                                             *SMALL_DATA, "device=cpu", subprocess=True))
     return out, json.loads((out / "metrics.json").read_text())

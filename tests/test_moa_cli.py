@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import SMALL_DATA, SMALL_TRAIN, hprune
+from conftest import SMALL_DATA, SMALL_TRAIN, hprune, shared
 from test_cli import assert_one_line_error
 
 pytest.importorskip("fairseq")
@@ -16,10 +16,8 @@ MOA = ["model=moa_tiny"]
 
 
 @pytest.fixture(scope="session")
-def moa_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("moa") / "train"
-    hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN, *MOA)
-    return run
+def moa_run(tmp_path_factory, data_root):
+    return shared(tmp_path_factory, "moa", lambda run: hprune("train", f"hydra.run.dir={run}", *SMALL_TRAIN, *MOA))
 
 
 def test_train_eval_and_expert_pruning_end_to_end(moa_run, evaluated_run, tmp_path):

@@ -178,7 +178,7 @@ def test_report_cli_writes_tables_plots_and_lists_incomplete_runs(tmp_path):
     study(tmp_path / "runs")
     out = tmp_path / "report"
     proc = hprune("report", str(tmp_path / "runs"), f"hydra.run.dir={out}", subprocess=True)
-    assert "| michel |" in proc.stdout and "incomplete runs (1): runs/sweep/3" in proc.stdout
+    assert "| michel |" in " ".join(proc.stdout.split()) and "incomplete runs (1): runs/sweep/3" in proc.stdout
     for name in ("comparison", "controlled", "moa", "runs"):
         for fmt in ("csv", "md", "tex"):
             assert (out / f"{name}.{fmt}").stat().st_size > 0

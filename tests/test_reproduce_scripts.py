@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from hprune_cli.checks import check_overrides
-from hprune_cli.main import _desugar, positional
+from hprune_cli.main import overrides
 
 from conftest import ROOT
 
@@ -29,9 +29,10 @@ def test_every_step_composes(script, launcher):
     # a model is trained, or a published one fetched: every later ckpt reads one of them
     assert steps[0][:2] == ["data", "prepare"] and steps[1][0] == "train" or steps[0][:2] == ["data", "fetch"]
     outputs = {"${paths.models_root}"} if steps[0][:2] == ["data", "fetch"] else set()
+    outputs |= {a.split("=", 1)[1] for a in steps[0] if a.startswith("hf=")}  # a Hub id, fetched into the cache
     for args in steps:
         verb, rest = args[0], args[1:]
-        problem = check_overrides(verb, _desugar(verb, positional(verb, rest)))
+        problem = check_overrides(verb, overrides(verb, rest))
         assert problem is None, (args, problem)
         ckpts = [a.split("=", 1)[1] for a in rest if a.startswith("ckpt=")]
         for ckpt in ckpts:  # reads a run written by an earlier step

@@ -22,8 +22,8 @@ def config(name: str, overrides: list[str]):
 
 
 def prepared_data(cfg) -> Path:
-    from hprune.data.prepare import prepare
-    return prepare(cfg.data, cfg.paths.data_root)
+    from hprune.data.prepare import bind, prepare
+    return prepare(bind(cfg.data), cfg.paths.data_root)
 
 
 def run(cmd: list[str]) -> str:

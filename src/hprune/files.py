@@ -29,12 +29,14 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold `<path>.lock` while the block runs: processes that fetch or build the same thing (sweep jobs on a
-    cold cache) take turns, and the later ones find it done."""
+    """Hold `<folder>/.locks/<name>.lock` while the block runs: processes that fetch or build the same thing
+    (sweep jobs on a cold cache) take turns, and the later ones find it done. (Lock files stay: removing one
+    would race with a process about to take it.)"""
     from filelock import FileLock
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{path}.lock"):
+    path = Path(path)
+    (path.parent / ".locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(path.parent / ".locks" / f"{path.name}.lock"):
         yield
 
 

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from . import backend
+from .data.kinds import get_kind
 from .data.prepare import bind, model_languages, prepare, test_set_of
 from .errors import UserError
 from .flops import macs_per_token, mask_macs, unit_costs
@@ -338,16 +339,11 @@ class Session:
         return [source for source, _ in backend.split_symbols(self.loaded, split, self.cfg.max_tokens)]
 
     def subword_files(self) -> list[Path]:
-        """The files that turn text into the model's tokens: a published or imported model's codes or
-        sentencepiece models (data=pretrained), the BPE codes or sentencepiece model hprune learnt for a WMT
-        data set (data sets prepared before issue 27 lack the copy: prepare them again); none for the others."""
-        if self.data.kind == "pretrained":
-            from .data.pretrained import model_files
-            return sorted({path for path in model_files(self.data).codes if path is not None})
-        if self.data.kind == "wmt":
-            from .data.wmt import SUBWORD_FILES
-            return [self.data_bin.parent / name for name in SUBWORD_FILES.values() if (self.data_bin.parent / name).is_file()]
-        return []
+        """The files that turn text into the model's tokens (the data kind's: a published or imported model's
+        codes or sentencepiece models, the BPE codes or sentencepiece model hprune learnt for a WMT data set;
+        data sets prepared before issue 27 lack the copy: prepare them again); none for the others."""
+        kind = get_kind(self.data)
+        return [] if kind.subwords is None else kind.subwords(self.data, self.data_bin.parent)
 
     def continue_training_argv(self, save_dir: Path, seed: int, criterion: str, options: list) -> list:
         """fairseq-train flags that continue training this checkpoint (its architecture and label smoothing as

@@ -8,6 +8,8 @@ A kind registers four functions (`register_kind` at the end of its module):
     build(data, data_root, staging) -> dict  fill staging with bin/ (a fairseq data-bin) and raw/<split>.<tgt>
                                            (the references), return the summary written to data.json
     bind(data, checkpoint, languages) -> data  complete the settings for one model (optional: as given)
+    subwords(data, folder) -> [Path]       the files that turn text into the model's tokens, for a deployed
+                                           model (optional: none)
 
 `from_model`: the settings come from a model's folder (pretrained), so nothing can be bound without one. A kind
 kept outside hprune is imported from its yaml's `module:` (a module name on PYTHONPATH).
@@ -33,6 +35,7 @@ class DataKind:
     build: Callable[[DictConfig, Path, Path], dict]
     bind: Optional[Callable[..., DictConfig]] = None
     from_model: bool = False
+    subwords: Optional[Callable[[DictConfig, Path], list]] = None
 
     def bound(self, data: DictConfig, checkpoint: Optional[Path] = None,
               languages: tuple[Optional[str], Optional[str]] = (None, None)) -> DictConfig:

@@ -61,13 +61,12 @@ def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
 
 
 def bin_dir(data: DictConfig, data_root: str | Path) -> Path:
-    """The fairseq data-bin folder of a data set (it exists once `prepare` has run)."""
-    return dataset_dir(bind(data), data_root) / "bin"
+    """The fairseq data-bin folder of a bound data set (it exists once `prepare` has run)."""
+    return dataset_dir(data, data_root) / "bin"
 
 
 def prepare(data: DictConfig, data_root: str | Path) -> Path:
-    """Build the data set if needed; returns its data-bin folder."""
-    data = bind(data)
+    """Build the data set of a bound data config (`bind`) if needed; returns its data-bin folder."""
     kind = get_kind(data)
     root = dataset_dir(data, data_root)
     if (root / "READY").exists():

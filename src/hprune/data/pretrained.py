@@ -269,4 +269,5 @@ def build(data: DictConfig, staging: Path) -> dict:
 
 
 register_kind(DataKind("pretrained", key=config_key, check=check, build=lambda data, root, staging: build(data, staging),
-                        bind=bind, from_model=True))
+                        bind=bind, from_model=True,
+                        subwords=lambda data, folder: sorted({p for p in model_files(data).codes if p is not None})))

@@ -298,4 +298,6 @@ def _count(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-register_kind(DataKind("wmt", key=config_key, check=check_wmt, build=build))
+register_kind(DataKind("wmt", key=config_key, check=check_wmt, build=build,
+                        subwords=lambda data, folder: [folder / name for name in SUBWORD_FILES.values()
+                                                       if (folder / name).is_file()]))

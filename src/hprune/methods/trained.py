@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from .. import backend, translations
 from ..files import write_json
-from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of
+from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of, scores_by_head
 from ..session import delta_bleu
 
 
@@ -44,7 +44,7 @@ def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path)
     do, the one keeping the most, then the highest total `score`; `kept_free` records the read-out before it. A
     head the layout keeps whose gate is 0 is reopened at its full output (Session.fold_gates)."""
     if p.layout == "per_stack":
-        by_head = {(r.type, int(r.layer), int(r.head)): float(getattr(r, score)) for r in table.itertuples()}
+        by_head = scores_by_head(table, score)
         kept = per_stack_kept(set(by_head), by_head, layer_floor(p.layout, 0), int(table["kept"].sum()))
         table = table.assign(kept_free=table["kept"], kept=[int(head in kept) for head in by_head])
     closed = {(r.type, int(r.layer), int(r.head)) for r in table.itertuples() if not r.kept}

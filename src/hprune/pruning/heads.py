@@ -165,6 +165,11 @@ def ranked(scores: pd.DataFrame) -> pd.DataFrame:
     return order.reset_index(drop=True)
 
 
+def scores_by_head(table: pd.DataFrame, column: str) -> Dict[Head, float]:
+    """{(type, layer, head): score} of a table with one row per head."""
+    return {(r.type, int(r.layer), int(r.head)): float(getattr(r, column)) for r in table.itertuples(index=False)}
+
+
 def extend_pruned(scores: pd.DataFrame, pruned: Set[Head], n_total: int, pool: Set[Head],
                   min_heads_per_layer: int, layout: str = "free") -> Set[Head]:
     """Add the least important pool heads to `pruned` until it holds n_total heads, never leaving a layer
@@ -174,8 +179,7 @@ def extend_pruned(scores: pd.DataFrame, pruned: Set[Head], n_total: int, pool: S
     pruned = set(pruned)
     if layout == "per_stack":
         alive_heads = pool - pruned
-        by_head = {(row.type, int(row.layer), int(row.head)): float(row.importance)
-                   for row in scores.itertuples(index=False)}
+        by_head = scores_by_head(scores, "importance")
         kept = per_stack_kept(alive_heads, by_head, layer_floor(layout, min_heads_per_layer), len(pool) - n_total)
         return pruned | (alive_heads - kept)
     alive: Dict[Tuple[str, int], int] = {}

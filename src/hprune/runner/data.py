@@ -9,7 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ..data.hub import fetch_hub
-from ..data.prepare import prepare
+from ..data.prepare import bind, prepare
 from ..data.published import PUBLISHED, fetch_published
 from ..errors import UserError
 from . import hydra_app
@@ -32,7 +32,7 @@ def data(cfg: DictConfig) -> dict:
         return {"model_dir": str(folder)}
     if cfg.action != "prepare":
         raise UserError(f"unknown data action '{cfg.action}'; use `hprune data prepare` or `hprune data fetch`")
-    bin_dir = prepare(cfg.data, cfg.paths.data_root)
+    bin_dir = prepare(bind(cfg.data), cfg.paths.data_root)
     print(f"{cfg.data.name}: {bin_dir}")
     return {"data_bin": str(bin_dir)}
 

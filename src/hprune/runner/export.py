@@ -4,15 +4,15 @@ through the same code), checked against the masked model. ctranslate2: a CTransl
 the pruned model, with the model's subword files and a README beside it."""
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from ..attention_types import ATTENTION_TYPES
 from ..errors import UserError
-from ..files import run_dir, write_atomic
+from ..files import build_once, run_dir, write_atomic
 from ..flops import mask_macs
 from ..pruning.heads import kept_columns
 from . import hydra_app
@@ -43,20 +43,16 @@ def export(cfg: DictConfig) -> dict:
     model = session.pruned_copy(mask)
     spec = ctranslate2.model_spec(model, session.loaded.cfg.model, *session.dictionaries)
     dest = out / "ctranslate2"
-    staging = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    shutil.rmtree(dest, ignore_errors=True)  # an export run again into the same run dir is written anew
+    subwords = session.subword_files()
+
+    def build(staging: Path) -> None:
         ctranslate2.save(spec, staging, cfg.quantization)
-        subwords = session.subword_files()
         for path in subwords:
             shutil.copy(path, staging / path.name)
         write_atomic(staging / "README.md", ctranslate2.readme(session.data, [p.name for p in subwords], cfg.quantization))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(staging, dest)
+
+    build_once(dest, "README.md", build)
 
     # quality: the export's beam search against hprune's on the masked model, the same split and settings
     with session.masked(mask):  # BLEU only: no validation loss needed here

@@ -1,0 +1,244 @@
+"""The figures README.md and docs/ quote, regenerated from runs, and checked against them.
+
+A page holds each generated section between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`; BLOCKS says
+which runs make it and how far a fresh run may land from the page (its spread, stated in the section):
+
+    make demo && bash scripts/study_methods.sh      # the runs (outputs/demo, outputs/study)
+    python scripts/doc_figures.py                   # rewrite every section from them
+    python scripts/doc_figures.py --check           # exit 1 where a page and the runs disagree beyond the spread
+
+`make docs-check` runs the demo and the check: a page whose figures a fresh run does not reproduce fails it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = re.compile(r"[-−+]?\d+(?:\.\d+)?")
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    from hprune.reporting.tables import markdown
+
+    return markdown(table)
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "" if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def _sd(mean, sd, digits: int = 1) -> str:
+    return "" if pd.isna(mean) else f"{mean:.{digits}f}" + ("" if pd.isna(sd) else f" ± {sd:.{digits}f}")
+
+
+# --------------------------------------------------------------------------------------------- the demo
+def demo_comparison(runs: Path) -> str:
+    table = pd.read_csv(runs / "demo" / "report" / "comparison.csv")
+    rows = []
+    for _, r in table.iterrows():
+        row = {"method": r["method"], "reference": r["reference"], "reference BLEU": _fmt(r["reference_bleu"])}
+        for s in (25, 50, 75):
+            star = "*" if str(r.get(f"sig@{s}%")) == "True" else ""
+            row[f"BLEU@{s}%"] = _fmt(r[f"BLEU@{s}%"])
+            row[f"ΔBLEU@{s}%"] = "" if pd.isna(r[f"ΔBLEU@{s}%"]) else f"{r[f'ΔBLEU@{s}%']:+.2f}{star}"
+        rows.append(row)
+    return _markdown(pd.DataFrame(rows))
+
+
+def demo_findings(runs: Path) -> str:
+    demo = runs / "demo"
+    fisher = json.loads((demo / "fisher" / "metrics.json").read_text())
+    stages = pd.read_csv(demo / "fisher" / "stages.csv").set_index("stage")["bleu"]
+    macs = pd.read_csv(demo / "report" / "matched_macs.csv").iloc[0]
+    others = [m for m in ("michel", "random", "confidence", "lrp") if m in macs and not pd.isna(macs[m])]
+    pairs = pd.read_csv(demo / "report" / "pairwise.csv")
+    mr = pairs[(pairs["method"] == "michel") & (pairs["versus"] == "random")].set_index("sparsity")
+    types = pd.read_csv(demo / "prune" / "ablation_types.csv").set_index("type")
+    lines = [
+        f"- Kwon et al.'s search (`outputs/demo/fisher`) kept {fisher['kept_heads']} heads, "
+        f"{fisher['attention_macs_pct']:.1f} % of the attention MACs, BLEU {fisher['bleu']:.2f} (stages: "
+        + ", ".join(f"{stage} {bleu:.2f}" for stage, bleu in stages.items()) + "); at the same MACs "
+        + ", ".join(f"{m} {macs[m]:.2f}" for m in others) + " (`matched_macs.md`).",
+        "- Michel's order against random (`pairwise.md`): "
+        + "; ".join(f"{s:g} %: {r['bleu']:.2f} vs {r['bleu_versus']:.2f} (p = {r['p_value']:.3f})"
+                    for s, r in mr.iterrows()) + ".",
+        "- Every head of one type removed (`ablation_types.csv`): "
+        + ", ".join(f"{t} {-types.loc[t, 'delta_bleu']:.1f} BLEU lost" for t in types.index) + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def demo_controlled(runs: Path) -> str:
+    table = pd.read_csv(runs / "demo" / "report" / "controlled.csv")
+    rows = [{"run": r["run"], "λ": f"{r['l0_lambda']:g}" + (" (control)" if r["l0_lambda"] == 0 else ""),
+             "heads kept": int(r["kept_heads"]), "BLEU": _fmt(r["bleu"]), "ΔBLEU vs start": _fmt(r["delta_bleu"]),
+             "ΔBLEU vs control": _fmt(r.get("delta_bleu_control")), "p vs control": _fmt(r.get("p_vs_control"), 3)}
+            for _, r in table.sort_values("l0_lambda").iterrows()]
+    return _markdown(pd.DataFrame(rows))
+
+
+# --------------------------------------------------------------------------------------------- the study
+DECIDES = {"michel": "gradient importance (Michel et al.)", "lrp": "LRP relevance (Voita et al. §4)",
+           "magnitude": "L1 of q/k/v rows (fairseq)", "confidence": "mean max attention (Voita et al.)",
+           "random": "a seeded shuffle"}
+
+
+def study_table(runs: Path) -> str:
+    report = runs / "study" / "report"
+    seeds = pd.read_csv(report / "comparison_seeds.csv")
+    rows = []
+    for _, r in seeds[seeds["method"].isin(list(DECIDES))].iterrows():
+        rows.append({"method": f"`{r['method']}`", "what decides the heads": DECIDES[r["method"]],
+                     "BLEU at 25 % / 50 % / 75 % pruned": " / ".join(
+                         _sd(r[f"BLEU@{s}% mean"], r[f"BLEU@{s}% sd"]) for s in (25, 50, 75))})
+    controlled = pd.read_csv(report / "controlled.csv")
+    for method, label, budget, how in (("dsp", "`dsp`, K = 18, 400 updates", 18,
+                                        "a learned Gumbel soft top-K, trained with the model (Li et al.)"),
+                                       ("voita", "`voita`, head budget 18, 800 updates", 18,
+                                        "Hard Concrete gates + L0, decoder not frozen (Voita et al.)")):
+        runs_ = controlled[(controlled["method"] == method) & (controlled["head_budget"] == budget)]
+        if runs_.empty:
+            continue
+        delta = runs_["delta_bleu_control"].astype(float)
+        significant = int(runs_.get("significant_vs_control", pd.Series(dtype=bool)).fillna(False).astype(bool).sum())
+        rows.append({"method": label, "what decides the heads": how, "BLEU at 25 % / 50 % / 75 % pruned":
+                     f"{int(runs_['kept_heads'].min())}–{int(runs_['kept_heads'].max())} heads kept: "
+                     f"{_sd(runs_['bleu'].mean(), runs_['bleu'].std())}; its control "
+                     f"{runs_['bleu_control'].astype(float).mean():.1f}: ΔBLEU {_sd(delta.mean(), delta.std())}, "
+                     f"significant in {significant} of {len(runs_)} seeds"})
+    fisher = _fisher_runs(runs)
+    rows.append({"method": "`fisher`, MACs budget 0.5", "what decides the heads":
+                 "Fisher search, rearrangement, mask tuning, no retraining (Kwon et al.)",
+                 "BLEU at 25 % / 50 % / 75 % pruned":
+                 f"{fisher['kept_heads'].min()}–{fisher['kept_heads'].max()} heads "
+                 f"({fisher['macs'].min():.0f}–{fisher['macs'].max():.0f} % of the attention MACs): "
+                 f"{_sd(fisher['bleu'].mean(), fisher['bleu'].std())} over {len(fisher)} runs (3 seeds × 3 "
+                 "calibration draws)"})
+    return _markdown(pd.DataFrame(rows))
+
+
+def study_summary(runs: Path) -> str:
+    report = runs / "study" / "report"
+    comparison = pd.read_csv(report / "comparison.csv")
+    unpruned = comparison[comparison["method"] == "michel"].sort_values("train_seed")["reference_bleu"]
+    pairs = pd.read_csv(report / "pairwise_seeds.csv")
+    michel = pairs[(pairs["method"] == "michel") & (pairs["versus"] == "random")].set_index("sparsity")
+    controlled = pd.read_csv(report / "controlled.csv")
+    controls = controlled[(controlled["method"] == "voita") & (controlled["l0_lambda"] == 0)]["delta_bleu"]
+    rows = [("BLEU of the converged model (1,000 updates), seeds 1, 2, 3", ", ".join(f"{b:.2f}" for b in unpruned)),
+            ("Michel's order beats random, paired bootstrap p < 0.05, in how many seeds",
+             "; ".join(f"at {s:g} %: {r['significant']}" for s, r in michel.iterrows())),
+            ("BLEU change of 800 more updates without pruning (Voita's λ = 0 control), seeds 1, 2, 3",
+             ", ".join(f"{d:+.2f}" for d in controls))]
+    return _markdown(pd.DataFrame(rows, columns=["measured on the demo recipe (36 heads pooled)", "3 training seeds"]))
+
+
+def _fisher_runs(runs: Path) -> pd.DataFrame:
+    rows = []
+    for metrics_file in sorted((runs / "study").glob("*/fisher/*/metrics.json")):
+        m = json.loads(metrics_file.read_text())
+        stages = pd.read_csv(metrics_file.parent / "stages.csv").set_index("stage")
+        rows.append({"seed": metrics_file.parts[-4], "draw": metrics_file.parts[-2], "kept_heads": m["kept_heads"],
+                     "macs": m["attention_macs_pct"], "bleu": m["bleu"],
+                     "p_rearranged": stages["p_vs_previous"].get("rearranged"),
+                     "p_tuned": stages["p_vs_previous"].get("tuned"),
+                     "rearranged": stages.loc["rearranged", "bleu"] - stages.loc["search", "bleu"]
+                     if "rearranged" in stages.index else float("nan"),
+                     "tuned": stages.loc["tuned", "bleu"] - stages.loc[stages.index[-2], "bleu"]
+                     if "tuned" in stages.index else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def study_fisher(runs: Path) -> str:
+    fisher = _fisher_runs(runs)
+    macs = pd.read_csv(runs / "study" / "report" / "matched_macs.csv")
+    pairs = []
+    for _, row in macs.iterrows():
+        seed, draw = Path(row["run"]).parts[-3], Path(row["run"]).parts[-1]
+        pairs.append(f"seed {seed} draw {draw}: {row['fisher']:.2f} (michel {row['michel']:.2f}, lrp {row['lrp']:.2f})")
+    beats = {m: int((macs["fisher"] > macs[m]).sum()) for m in ("michel", "lrp")}
+    return ("- BLEU at the MACs each fisher run reached, against Michel's and LRP's curves interpolated there "
+            f"(`matched_macs.md`): {'; '.join(pairs)}. Fisher is ahead of Michel's order in {beats['michel']} of "
+            f"{len(macs)} runs and of LRP's in {beats['lrp']}.\n"
+            f"- `stages.csv`: rearrangement changed BLEU by {fisher['rearranged'].min():+.2f} to "
+            f"{fisher['rearranged'].max():+.2f} (p < 0.05 in {int((fisher['p_rearranged'] < 0.05).sum())} of "
+            f"{len(fisher)}); tuning by {fisher['tuned'].min():+.2f} to {fisher['tuned'].max():+.2f} (p < 0.05 in "
+            f"{int((fisher['p_tuned'] < 0.05).sum())} of {len(fisher)}).\n")
+
+
+@dataclass(frozen=True)
+class Block:
+    make: Callable[[Path], str]
+    spread: float  # how far (in the page's units, BLEU) a fresh run may land from a figure on the page
+
+
+BLOCKS = {
+    "demo-comparison": Block(demo_comparison, 30.0),
+    "demo-findings": Block(demo_findings, 30.0),
+    "demo-controlled": Block(demo_controlled, 5.0),
+    "study-summary": Block(study_summary, 0.05),
+    "study-table": Block(study_table, 0.05),
+    "study-fisher": Block(study_fisher, 0.05),
+}
+PAGES = ("README.md", "docs/outputs.md", "docs/methods.md")
+SECTION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
+
+
+def numbers(text: str) -> list[float]:
+    return [float(n.replace("−", "-")) for n in NUMBER.findall(text)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare the pages with the runs; write nothing")
+    parser.add_argument("--runs", type=Path, default=ROOT / "outputs", help="the folder holding demo/ and study/")
+    parser.add_argument("--pages", nargs="+", default=list(PAGES), help="the pages (default: %(default)s)")
+    args = parser.parse_args()
+    problems, written = [], 0
+    for page in args.pages:
+        path = ROOT / page
+        text = path.read_text()
+
+        def section(match: re.Match) -> str:
+            nonlocal written
+            name = match["name"]
+            if name not in BLOCKS:
+                problems.append(f"{page}: unknown section {name}")
+                return match.group(0)
+            try:
+                fresh = BLOCKS[name].make(args.runs)
+            except FileNotFoundError as err:
+                problems.append(f"{page}: {name}: no runs to make it from ({err.filename}); run them first")
+                return match.group(0)
+            if args.check:
+                old, new = numbers(match["body"]), numbers(fresh)
+                far = [(a, b) for a, b in zip(old, new) if abs(a - b) > BLOCKS[name].spread]
+                if len(old) != len(new) or far:
+                    problems.append(f"{page}: {name}: " + (f"{len(old)} figures on the page, {len(new)} from the "
+                                    "runs" if len(old) != len(new) else
+                                    f"{len(far)} figures beyond ±{BLOCKS[name].spread:g} (page vs run: "
+                                    + ", ".join(f"{a:g} vs {b:g}" for a, b in far[:5]) + ")"))
+                return match.group(0)
+            written += 1
+            return match.group(1) + fresh + match.group(4)
+
+        updated = SECTION.sub(section, text)
+        if not args.check and updated != text:
+            path.write_text(updated)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"{'checked' if args.check else 'wrote'} the figure sections of {', '.join(args.pages)}: "
+          f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""scripts/doc_figures.py writes a page's figure sections from runs, and its check fails where a page and the
+runs disagree beyond the section's spread."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "doc_figures.py"
+
+
+def figures(page, runs, *flags) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--runs", str(runs), "--pages", str(page), *flags],
+                          capture_output=True, text=True)
+
+
+def test_sections_written_from_runs_and_checked_against_them(tmp_path):
+    report = tmp_path / "demo" / "report"
+    report.mkdir(parents=True)
+    pd.DataFrame([{"run": "demo/voita/0", "l0_lambda": 0.0, "kept_heads": 12, "bleu": 99.8, "delta_bleu": -0.2},
+                  {"run": "demo/voita/1", "l0_lambda": 1.0, "kept_heads": 9, "bleu": 93.43, "delta_bleu": -6.57,
+                   "delta_bleu_control": -6.37, "p_vs_control": 0.001}]).to_csv(report / "controlled.csv", index=False)
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- figures:demo-controlled -->\nstale 1.0\n<!-- /figures:demo-controlled -->\nafter\n")
+    assert figures(page, tmp_path).returncode == 0
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "stale" not in text
+    assert "93.43" in text and "-6.37" in text and "0.001" in text and "1 (control)" not in text
+    assert figures(page, tmp_path, "--check").returncode == 0
+    page.write_text(text.replace("93.43", "88.00"))  # 5.43 from the run: beyond the section's ±5
+    checked = figures(page, tmp_path, "--check")
+    assert checked.returncode == 1 and "demo-controlled" in checked.stderr and "88 vs 93.43" in checked.stderr
+    page.write_text(text.replace("93.43", "90.00"))  # within the spread
+    assert figures(page, tmp_path, "--check").returncode == 0
+    (report / "controlled.csv").unlink()
+    missing = figures(page, tmp_path, "--check")
+    assert missing.returncode == 1 and "no runs to make it from" in missing.stderr
