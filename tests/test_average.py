@@ -4,8 +4,8 @@ import torch
 
 pytest.importorskip("fairseq")
 from hprune import backend  # noqa: E402
+from hprune.backend import resolve_checkpoint  # noqa: E402
 from hprune.errors import UserError  # noqa: E402
-from hprune.session import resolve_checkpoint  # noqa: E402
 
 
 def save(path, weight, steps):

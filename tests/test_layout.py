@@ -40,6 +40,7 @@ LAYERS = [
     {"errors"},
     {"attention_types", "files"},
     {"model_folder", "translations", "console", "pruning", "flops", "deploy"},
+    {"hub"},
     {"analysis", "reporting", "backend"},
     {"data"},
     {"session"},

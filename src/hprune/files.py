@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +22,14 @@ def write_atomic(path: str | Path, text: str) -> Path:
     tmp.write_text(text)
     os.replace(tmp, path)
     return path
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> Path:

@@ -51,6 +51,7 @@ from .loading import (  # noqa: E402
     load_model,
     pruned_model,
     read_checkpoint,
+    resolve_checkpoint,
 )
 from .training import (  # noqa: E402
     AVERAGED,
@@ -66,6 +67,7 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",
-           "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_device", "sampled_batches", "split_loss",
+           "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_checkpoint",
+           "resolve_device", "sampled_batches", "split_loss",
            "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv",
            "train_speed", "translate"]

@@ -8,7 +8,6 @@ through a lock file (`<dest>.lock`): the second finds the file complete. A termi
 from __future__ import annotations
 
 import errno
-import hashlib
 import http.client
 import json
 import logging
@@ -22,7 +21,7 @@ from typing import Optional
 
 from .. import console
 from ..errors import UserError
-from ..files import locked
+from ..files import file_digest, locked
 
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
@@ -46,14 +45,6 @@ class Remote:
         if self.md5:
             return "md5", self.md5.lower()
         return None
-
-
-def file_digest(path: Path, algorithm: str) -> str:
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _stamp(path: Path) -> Path:

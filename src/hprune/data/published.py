@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError
-from ..files import build_once, write_atomic
+from ..files import build_once, file_digest, write_atomic
 from ..model_folder import SETTINGS_FILE, write_settings
 from .corpora import ARCHIVE_ERRORS
-from .download import Remote, fetch, file_digest
+from .download import Remote, fetch
 
 BASE_URL = "https://dl.fbaipublicfiles.com/fairseq/models/"
 

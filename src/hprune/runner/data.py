@@ -8,10 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..data.hub import fetch_hub
 from ..data.prepare import bind, prepare
 from ..data.published import PUBLISHED, fetch_published
 from ..errors import UserError
+from ..hub import fetch_hub
 from . import hydra_app
 
 log = logging.getLogger(__name__)

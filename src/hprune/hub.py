@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UserError
-from ..files import locked, write_json
-from ..model_folder import HF_CONFIG, HF_FAMILIES, HF_WEIGHTS, HUB_ID, hf_family, read_hf_config
-from .download import file_digest
+from .errors import UserError
+from .files import file_digest, locked, write_json
+from .model_folder import HF_CONFIG, HF_FAMILIES, HF_WEIGHTS, HUB_ID, hf_family, read_hf_config
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'hprune[hf]'"
