@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +43,11 @@ def _sd(mean, sd, digits: int = 1) -> str:
 # --------------------------------------------------------------------------------------------- the demo
 def demo_comparison(runs: Path) -> str:
     table = pd.read_csv(runs / "demo" / "report" / "comparison.csv")
+    table = table.dropna(subset=[f"BLEU@{s}%" for s in (25, 50, 75)], how="all")  # a point at none of them
     rows = []
     for _, r in table.iterrows():
-        row = {"method": r["method"], "reference": r["reference"], "reference BLEU": _fmt(r["reference_bleu"])}
+        pool = "" if r["types"] == "enc-self,dec-self,dec-enc" else f" ({r['types']} only)"
+        row = {"method": r["method"] + pool, "reference": r["reference"], "reference BLEU": _fmt(r["reference_bleu"])}
         for s in (25, 50, 75):
             star = "*" if str(r.get(f"sig@{s}%")) == "True" else ""
             row[f"BLEU@{s}%"] = _fmt(r[f"BLEU@{s}%"])
@@ -191,6 +194,8 @@ BLOCKS = {
     "study-fisher": Block(study_fisher, 0.05),
 }
 PAGES = ("README.md", "docs/outputs.md", "docs/methods.md")
+IMAGES = {"docs/demo_bleu_vs_pruned.png": "demo/report/plots/bleu_vs_pruned_demo_enc_self_dec_self_dec_enc.png",
+          "docs/demo_lambda.png": "demo/report/plots/lambda_enc_self.png"}  # copied by a write, not checked
 SECTION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 
 
@@ -235,6 +240,10 @@ def main() -> int:
         updated = SECTION.sub(section, text)
         if not args.check and updated != text:
             path.write_text(updated)
+    if not args.check and args.pages == list(PAGES):
+        for image, source in IMAGES.items():
+            if (args.runs / source).is_file():
+                shutil.copyfile(args.runs / source, ROOT / image)
     for problem in problems:
         print(problem, file=sys.stderr)
     print(f"{'checked' if args.check else 'wrote'} the figure sections of {', '.join(args.pages)}: "
