@@ -36,6 +36,11 @@ def _fmt(value, digits: int = 2) -> str:
     return "" if pd.isna(value) else f"{value:.{digits}f}"
 
 
+def _span(values: pd.Series) -> str:
+    low, high = int(values.min()), int(values.max())
+    return f"{low}" if low == high else f"{low}–{high}"
+
+
 def _sd(mean, sd, digits: int = 1) -> str:
     return "" if pd.isna(mean) else f"{mean:.{digits}f}" + ("" if pd.isna(sd) else f" ± {sd:.{digits}f}")
 
@@ -113,7 +118,7 @@ def study_table(runs: Path) -> str:
         delta = runs_["delta_bleu_control"].astype(float)
         significant = int(runs_.get("significant_vs_control", pd.Series(dtype=bool)).fillna(False).astype(bool).sum())
         rows.append({"method": label, "what decides the heads": how, "BLEU at 25 % / 50 % / 75 % pruned":
-                     f"{int(runs_['kept_heads'].min())}–{int(runs_['kept_heads'].max())} heads kept: "
+                     f"{_span(runs_['kept_heads'])} heads kept: "
                      f"{_sd(runs_['bleu'].mean(), runs_['bleu'].std())}; its control "
                      f"{runs_['bleu_control'].astype(float).mean():.1f}: ΔBLEU {_sd(delta.mean(), delta.std())}, "
                      f"significant in {significant} of {len(runs_)} seed(s)"})
@@ -121,7 +126,7 @@ def study_table(runs: Path) -> str:
     rows.append({"method": "`fisher`, MACs budget 0.5", "what decides the heads":
                  "Fisher search, rearrangement, mask tuning, no retraining (Kwon et al.)",
                  "BLEU at 25 % / 50 % / 75 % pruned":
-                 f"{fisher['kept_heads'].min()}–{fisher['kept_heads'].max()} heads "
+                 f"{_span(fisher['kept_heads'])} heads "
                  f"({fisher['macs'].min():.0f}–{fisher['macs'].max():.0f} % of the attention MACs): "
                  f"{_sd(fisher['bleu'].mean(), fisher['bleu'].std())} over {len(fisher)} runs "
                  f"({fisher['seed'].nunique()} seeds × 3 calibration draws)"})
@@ -153,8 +158,8 @@ def _fisher_runs(runs: Path) -> pd.DataFrame:
         stages = pd.read_csv(metrics_file.parent / "stages.csv").set_index("stage")
         rows.append({"seed": metrics_file.parts[-4], "draw": metrics_file.parts[-2], "kept_heads": m["kept_heads"],
                      "macs": m["attention_macs_pct"], "bleu": m["bleu"],
-                     "p_rearranged": stages["p_vs_previous"].get("rearranged"),
-                     "p_tuned": stages["p_vs_previous"].get("tuned"),
+                     "sig_rearranged": str(stages["significant_vs_previous"].get("rearranged")) == "True",
+                     "sig_tuned": str(stages["significant_vs_previous"].get("tuned")) == "True",
                      "rearranged": stages.loc["rearranged", "bleu"] - stages.loc["search", "bleu"]
                      if "rearranged" in stages.index else float("nan"),
                      "tuned": stages.loc["tuned", "bleu"] - stages.loc[stages.index[-2], "bleu"]
@@ -173,10 +178,11 @@ def study_fisher(runs: Path) -> str:
     return ("- BLEU at the MACs each fisher run reached, against Michel's and LRP's curves interpolated there "
             f"(`matched_macs.md`): {'; '.join(pairs)}. Fisher is ahead of Michel's order in {beats['michel']} of "
             f"{len(macs)} runs and of LRP's in {beats['lrp']}.\n"
-            f"- `stages.csv`: rearrangement changed BLEU by {fisher['rearranged'].min():+.2f} to "
-            f"{fisher['rearranged'].max():+.2f} (p < 0.05 in {int((fisher['p_rearranged'] < 0.05).sum())} of "
-            f"{len(fisher)}); tuning by {fisher['tuned'].min():+.2f} to {fisher['tuned'].max():+.2f} (p < 0.05 in "
-            f"{int((fisher['p_tuned'] < 0.05).sum())} of {len(fisher)}).\n")
+            f"- `stages.csv` (each stage against the one before, paired bootstrap): rearrangement left BLEU unchanged "
+            f"in {int((fisher['rearranged'] == 0).sum())} of {len(fisher)} runs and changed it by "
+            f"{fisher['rearranged'].min():+.2f} to {fisher['rearranged'].max():+.2f}, significantly in "
+            f"{int(fisher['sig_rearranged'].sum())}; tuning changed it by {fisher['tuned'].min():+.2f} to "
+            f"{fisher['tuned'].max():+.2f}, significantly in {int(fisher['sig_tuned'].sum())} of {len(fisher)}.\n")
 
 
 @dataclass(frozen=True)
