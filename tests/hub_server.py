@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote
 
+from wmt_fixtures import LocalServer
 
-class HubServer:
+
+class HubServer(LocalServer):
     def __init__(self, repos: dict[str, dict[str, bytes]], gated: dict[str, str] | None = None):
         """repos: repository -> {file name: bytes}; gated: repository -> the token that opens it."""
         self.repos, self.gated, self.requests, self.cut_once = repos, gated or {}, [], set()
@@ -98,14 +99,4 @@ class HubServer:
                     return
                 self._send(200, headers, body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> "HubServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)

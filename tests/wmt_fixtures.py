@@ -111,7 +111,24 @@ def source_overrides(base_url: str, archives: dict[str, bytes], data: str = "wmt
     return out
 
 
-class FixtureServer:
+class LocalServer:
+    """An HTTP server on 127.0.0.1 (a free port) in a thread, for the span of a `with` block."""
+
+    def serve(self, handler) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FixtureServer(LocalServer):
     """Serves `files` (name -> bytes). Names in `cut_once` get half their bytes on the first request, then the
     connection closes. Every request is logged as (path, Range header or None)."""
 
@@ -151,17 +168,7 @@ class FixtureServer:
                     return
                 self.wfile.write(payload)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> "FixtureServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)
 
 
 def gz(data: bytes) -> bytes:

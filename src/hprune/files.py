@@ -1,6 +1,7 @@
 """File helpers: atomic writes, folders built once (staged, locked), the run dir, the code version."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -58,13 +59,12 @@ def build_once(final: Path, done: str, build: Callable[[Path], Any]) -> Path:
     final = Path(final)
     if (final / done).exists():
         return final
-    try:
-        lock = locked(final)
-        lock.__enter__()
-    except OSError as err:
-        raise UserError(f"cannot create {final.parent} ({err.strerror}); set paths.data_root=<a writable folder> "
-                        "(or HPRUNE_DATA_ROOT), or paths.models_root for models") from None
-    try:
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(locked(final))
+        except OSError as err:
+            raise UserError(f"cannot create {final.parent} ({err.strerror}); set paths.data_root=<a writable folder> "
+                            "(or HPRUNE_DATA_ROOT), or paths.models_root for models") from None
         if (final / done).exists():  # another process built it while this one waited
             return final
         staging = final.with_name(f"{final.name}.tmp-{os.getpid()}")
@@ -84,8 +84,6 @@ def build_once(final: Path, done: str, build: Callable[[Path], Any]) -> Path:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
         return final
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def run_dir() -> Path:
