@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     if not any(flag in rest for flag in ("--help", "-h", "--hydra-help")):
         from hprune_cli.checks import check_launcher, check_overrides
 
-        problem = check_overrides(verb, rest) or check_launcher(rest)
+        from hprune.launch import check_run_dir
+
+        problem = check_overrides(verb, rest) or check_launcher(rest) or check_run_dir(rest)
         if problem:
             fail(verb, problem)
     sys.argv = [f"hprune {verb}", *rest]

@@ -5,7 +5,8 @@
 # then a stock fairseq Transformer checkpoint evaluated by hprune in both precisions, then MoA (8 of 16 experts)
 # trained and evaluated in both precisions, then an imported tiny Marian (OPUS-MT) model in fp32 and bf16, then
 # the methods that came after the papers on the bf16 model: LRP relevance, DSP (exactly 24 heads) and Kwon et
-# al.'s retraining-free pruning (the MACs reached, counted on the export).
+# al.'s retraining-free pruning (the MACs reached, counted on the export). With two GPUs or more, the bf16 training
+# once more on two of them (fairseq's data parallelism); with one, it says so.
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,9 @@ rm -rf "$OUT/runs"
 
 for precision in bf16 fp16; do
   run="$OUT/runs/$precision"
-  "$PY" -m hprune_cli.main train experiment=gpu_smoke precision=$precision hydra.run.dir="$run" log_interval=100
+  # one GPU, as the stock fairseq-train it is compared with (fairseq-train.sh holds --distributed-world-size 1)
+  "$PY" -m hprune_cli.main train experiment=gpu_smoke precision=$precision hydra.run.dir="$run" log_interval=100 \
+      distributed.world_size=1
   "$PY" -m hprune_cli.main eval ckpt="$run" device=cuda precision=$precision hydra.run.dir="$run/eval"
   "$PY" -m hprune_cli.main prune --method michel ckpt="$run" device=cuda precision=$precision \
       prune.step_pct=25 prune.export=true hydra.run.dir="$run/prune" | tail -n 8
@@ -40,6 +43,24 @@ print(f"{run.name}: hprune {ours:,.0f} tok/s, stock fairseq {stock:,.0f} tok/s, 
       f"{evaluation['sentences_per_s']} sentences/s")
 PY
 done
+
+# fairseq's data parallelism on two GPUs (NCCL, torch's DistributedDataParallel): the bf16 recipe again, tokens/s
+# beside the one-GPU run's
+gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -gt 1 ]; then
+  run="$OUT/runs/ddp-bf16"
+  "$PY" -m hprune_cli.main train experiment=gpu_smoke precision=bf16 hydra.run.dir="$run" log_interval=100 \
+      distributed.world_size=2 | tail -n 1
+  "$PY" - "$OUT/runs/bf16" "$run" <<'PY'
+import json, sys
+one, two = (json.load(open(f"{run}/metrics.json")) for run in sys.argv[1:])
+print(f"2 GPUs: {two['train_tokens_per_s']:,.0f} tok/s ({two['workers']} workers, {two['max_tokens_per_update']:,} tokens an "
+      f"update at most) vs 1 GPU {one['train_tokens_per_s']:,.0f} tok/s: x{two['train_tokens_per_s'] / one['train_tokens_per_s']:.2f}; "
+      f"valid loss {two['best_valid_loss']:.3f} vs {one['best_valid_loss']:.3f}")
+PY
+else
+  echo "one GPU visible: the 2-GPU data-parallel training was not run"
+fi
 
 # a stock fairseq Transformer (no plugin, `--arch transformer`, 50 updates) evaluated by hprune in both precisions
 stock_run="$OUT/runs/stock-transformer"

@@ -8,6 +8,7 @@ Bars are drawn (tqdm, on stderr) only on a terminal: in a pipe or a CI log there
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from contextlib import contextmanager
@@ -24,17 +25,24 @@ class StageLinesOnly(logging.Filter):
         return record.levelno >= logging.ERROR or record.name.split(".")[0] in STAGE_LOGGERS
 
 
-def quiet_console(verbose: bool) -> None:
+def quiet_console(verbose: bool, errors_only: bool = False) -> None:
     """Called once Hydra has configured logging: unless verbose, the terminal handlers show stage lines only;
-    Python warnings become log records (so they reach the log file, not the terminal)."""
+    Python warnings become log records (so they reach the log file, not the terminal). errors_only: the
+    terminal shows errors alone (a training's workers other than rank 0)."""
     logging.captureWarnings(True)
+    for handler in _console_handlers():
+        handler.setLevel(logging.ERROR if errors_only else logging.NOTSET)
     if verbose:
         return
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            if not any(isinstance(f, StageLinesOnly) for f in handler.filters):
-                handler.addFilter(StageLinesOnly())
-                handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    for handler in _console_handlers():
+        if not any(isinstance(f, StageLinesOnly) for f in handler.filters):
+            handler.addFilter(StageLinesOnly())
+            handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+
+
+def _console_handlers() -> list:
+    return [h for h in logging.getLogger().handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
 
 
 class Bar:
@@ -96,3 +104,44 @@ def training_progress(label: str, total: Optional[int]) -> Iterator[Bar]:
             yield bar
         finally:
             source.removeHandler(handler)
+
+
+def is_verbose() -> bool:
+    """Whether the terminal shows everything (no handler holds StageLinesOnly)."""
+    return not any(isinstance(f, StageLinesOnly) for h in logging.getLogger().handlers for f in h.filters)
+
+
+def log_file() -> Optional[str]:
+    """The run's log file (Hydra's file handler), if this process has one."""
+    files = [h.baseFilename for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    return next((f for f in files if f != os.devnull), None)
+
+
+@contextmanager
+def to_log_file_only(name: str) -> Iterator[None]:
+    """Send logger `name`'s records (e.g. torch's elastic agent, which logs on its own stderr handler) to the run's
+    log file alone while the block runs."""
+    logger = logging.getLogger(name)
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    propagate, logger.propagate = logger.propagate, False
+    for handler in files:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in files:
+            logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def worker_console(log_path: Optional[str], verbose: bool, rank_zero: bool) -> None:
+    """The logging of a training worker that hprune started: rank 0 logs as the verb's process does (stage lines
+    on the terminal, everything appended to the run's log file); the others show only their errors."""
+    root = logging.getLogger()
+    root.addHandler(logging.StreamHandler(sys.stdout))
+    root.setLevel(logging.INFO)
+    if rank_zero and log_path:
+        file = logging.FileHandler(log_path)
+        file.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        root.addHandler(file)
+    quiet_console(verbose, errors_only=not rank_zero)

@@ -3,3 +3,7 @@
 
 class UserError(Exception):
     """Bad input: the message names the problem and the fix, on one line."""
+
+
+class JobFailed(UserError):
+    """Not bad input but a failure outside hprune's hands (a worker killed): one line too, saying what to do."""

@@ -5,6 +5,8 @@ runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` r
   compat      fairseq and Hydra in one process, devices and precisions
   commands    fairseq-train / fairseq-generate command lines, model and schedule checks
   training    binarize, train (resumable), checkpoint summaries and averaging
+  distributed how many workers a training has, their fairseq flags, this node's workers started
+              (each `python -m hprune.worker`)
   loading     open a checkpoint safely, export a physically pruned copy
   generation  beam search and teacher-forced batches over a split, split losses
   hf          Hugging Face translation models imported as fairseq model folders
@@ -60,7 +62,6 @@ from .training import (  # noqa: E402
     checkpoint_summary,
     repair_resume_point,
     train,
-    train_speed,
 )
 
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations",
@@ -70,4 +71,4 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_checkpoint",
            "resolve_device", "sampled_batches", "split_loss",
            "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv",
-           "train_speed", "translate"]
+           "translate"]

@@ -1,7 +1,9 @@
-"""Binarizing and training in this process through fairseq's own entry points (fairseq-preprocess,
-fairseq-train), resumable; checkpoint summaries and averaging."""
+"""Binarizing and training through fairseq's own entry points (fairseq-preprocess, fairseq-train), in this
+process or with fairseq's data parallelism over several (backend/distributed.py), resumable; checkpoint
+summaries and averaging."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -11,13 +13,16 @@ from typing import Dict, Optional, Sequence
 
 import torch
 from fairseq import options
+from omegaconf import DictConfig
 
 from hprune_fairseq.safe_load import CorruptCheckpointError, load_checkpoint
 
 from ..console import training_progress
-from ..errors import UserError
+from ..errors import JobFailed, UserError
 from ..files import write_atomic
+from ..launch import is_rank_zero, launched
 from .compat import frozen_heap, to_omegaconf
+from .distributed import join_slurm_step, plan, rank_flags, start_workers
 
 log = logging.getLogger(__name__)
 AVERAGED = "checkpoint_averaged.pt"
@@ -51,30 +56,76 @@ def binarize(text_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 
             handler.close()
 
 
-def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "train") -> None:
-    """Run fairseq-train in this process. It resumes from `checkpoint_last.pt` in the save dir if there is one.
-    `script`: also write the equivalent command line there (fairseq-train.sh in a run dir); `label`: its
-    progress bar's."""
-    from fairseq import checkpoint_utils, distributed_utils
-    from fairseq_cli import train as fairseq_train
-
-    if script is not None:
-        write_atomic(script, shlex.join(["fairseq-train", *argv]) + "\n")
+def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "train",
+          distributed: Optional[DictConfig] = None) -> dict:
+    """Run fairseq-train: in this process, as one of the workers a launcher started, or with this node's workers
+    started here (backend/distributed.py; `distributed`: world_size, batch, port). It resumes from
+    `checkpoint_last.pt` in the save dir if there is one. `script`: also write the equivalent command line there
+    (fairseq-train.sh in a run dir); `label`: its progress bar's. Returns the workers, the batch they make and
+    the training speed (rank 0's view: the speed of all workers together)."""
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
-    resumed_updates = repair_resume_point(Path(args.save_dir))
+    workers = plan(distributed, args)
+    argv = [*_without(argv, "--update-freq"), *workers.flags]  # each worker's update_freq in the flags
+    if script is not None and is_rank_zero():
+        launcher = {"": ["torchrun", "--standalone", f"--nproc-per-node={workers.world_size}"], "torchrun": ["torchrun"],
+                    "slurm": ["srun"]}[launched().launcher] if workers.world_size > 1 else []
+        write_atomic(script, shlex.join([*launcher, "fairseq-train", *argv]) + "\n")
+    log.info("%s: fairseq-train, %s updates, %d worker(s) -> %s", label, args.max_update or "all", workers.world_size,
+             args.save_dir)
+    speed = start_workers(argv, workers.world_size, label) if workers.starts_workers else run_worker(argv, label)
+    return {"workers": workers.world_size, "update_freq": workers.update_freq,
+            "max_tokens_per_update": workers.max_tokens_per_update, **speed}
+
+
+def _without(argv: Sequence[str], flag: str) -> list:
+    """argv without `flag` and its value."""
+    drop = {i + k for i, arg in enumerate(argv) if arg == flag for k in (0, 1)}
+    return [arg for i, arg in enumerate(argv) if i not in drop]
+
+
+def run_worker(argv: Sequence[str], label: str) -> dict:
+    """fairseq-train in this process, as the only worker or as the one the launcher's variables say; its speed."""
+    from fairseq import checkpoint_utils, distributed_utils
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[*argv, *rank_flags()])
     # fairseq keeps the best validation loss on the function object: a second training in this process (the
     # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
     vars(checkpoint_utils.save_checkpoint).pop("best", None)
     cfg = to_omegaconf(args)
-    if cfg.optimization.max_update and resumed_updates is not None and resumed_updates >= cfg.optimization.max_update:
-        # a run stopped after its last checkpoint: fairseq would resume with one update too many
-        log.info("%s: %s already holds all %d updates", label, args.save_dir, cfg.optimization.max_update)
-        from fairseq.logging import metrics
+    if launched().launcher == "slurm":
+        join_slurm_step(cfg.distributed_training, cpu=bool(args.cpu))
+    bar = training_progress(label, cfg.optimization.max_update or None) if is_rank_zero() else contextlib.nullcontext()
+    with frozen_heap(), bar:
+        try:
+            distributed_utils.call_main(cfg, _train_once_joined, label=label)
+        except RuntimeError as err:  # of several workers: most likely a peer died (gloo says so, NCCL times out)
+            if cfg.distributed_training.distributed_world_size == 1:
+                raise
+            logging.getLogger("worker").warning("this worker stopped", exc_info=True)  # the log file's
+            reason = str(err).strip().splitlines()[0][:300]
+            raise JobFailed(f"this worker stopped ({reason}); if another worker died, the checkpoints are kept: run "
+                            "the same command again to resume from the last one") from None
+    return train_speed()
+
+
+def _train_once_joined(cfg, label: str) -> None:
+    """fairseq-train's main once the workers have met: rank 0 repairs the resume point and tells the others how
+    many updates it holds. A run stopped after its last checkpoint trains nothing: fairseq would resume with one
+    update too many."""
+    from fairseq import distributed_utils
+    from fairseq.logging import metrics
+    from fairseq_cli import train as fairseq_train
+
+    save_dir = Path(cfg.checkpoint.save_dir)
+    resumed = [repair_resume_point(save_dir) if distributed_utils.is_master(cfg.distributed_training) else None]
+    if torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(resumed, src=0)
+    max_update = cfg.optimization.max_update
+    if max_update and resumed[0] is not None and resumed[0] >= max_update:
+        log.info("%s: %s already holds all %d updates", label, save_dir, max_update)
         metrics.reset()  # no speed to report for this call
         return
-    log.info("%s: fairseq-train, %s updates -> %s", label, cfg.optimization.max_update or "all", args.save_dir)
-    with frozen_heap(), training_progress(label, cfg.optimization.max_update or None):
-        distributed_utils.call_main(cfg, fairseq_train.main)
+    fairseq_train.main(cfg)
 
 
 def repair_resume_point(save_dir: Path) -> Optional[int]:

@@ -23,7 +23,7 @@ def train(start, cfg: DictConfig, options: list, out: Path, label: str):
     save = out / "checkpoints"
     argv = start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
     started = time.perf_counter()
-    backend.train(argv, script=out / "fairseq-train.sh", label=label)
+    backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
     return start.reopen(save / "checkpoint_last.pt"), round(time.perf_counter() - started, 3)
 
 

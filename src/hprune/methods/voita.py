@@ -118,7 +118,7 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned
         "tensorboard": cfg.get("tensorboard", False)})
     save = out / "scratch" / "checkpoints"
     backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh",
-                  label="from scratch")
+                  label="from scratch", distributed=cfg.get("distributed"))
     trained = start.reopen(save / "checkpoint_best.pt")
     result = trained.evaluate(None)
     translations.save(out, "scratch", result)

@@ -4,7 +4,9 @@ The wrapper (`hydra_app`) is the one place that
   * refuses a config with a mandatory value left unset (`ckpt: ???`), in one line;
   * turns a UserError into one line on stderr and exit 2;
   * writes metrics.json, last and atomically: the verb's result plus the shared provenance (verb, data,
-    seed, precision, code version). A run dir without metrics.json did not finish.
+    seed, precision, code version). A run dir without metrics.json did not finish;
+  * of a training's many workers (torchrun, SLURM tasks), lets rank 0 alone write it, and refuses the verbs
+    that run once.
 A verb never imports another verb; what they share lives in hprune.session (an opened model) and below.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..console import quiet_console
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_json
+from ..launch import check_verb, is_rank_zero
 
 CONFIG_PATH = "pkg://hprune_configs"
 # what to say when a mandatory setting is left out
@@ -51,14 +54,15 @@ def hydra_app(config_name: str, writes_metrics: bool = True) -> Callable:
         @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name=config_name)
         @functools.wraps(verb)
         def main(cfg: DictConfig):
-            quiet_console(bool(cfg.get("verbose")) or bool(HydraConfig.get().verbose))
+            quiet_console(bool(cfg.get("verbose")) or bool(HydraConfig.get().verbose), errors_only=not is_rank_zero())
             try:
                 check_missing(cfg)
+                check_verb(cfg.verb)
                 result = verb(cfg)
             except UserError as err:
                 print(f"hprune {cfg.verb}: error: {err}", file=sys.stderr)
                 sys.exit(2)
-            if not writes_metrics:
+            if not writes_metrics or not is_rank_zero():
                 return result
             metrics = {**provenance(cfg), **result}
             write_json(run_dir() / "metrics.json", metrics)

@@ -8,6 +8,7 @@ from omegaconf import DictConfig, open_dict
 from ..data.prepare import bin_dir, bind, prepare
 from ..errors import UserError
 from ..files import run_dir
+from ..launch import is_rank_zero
 from ..pruning.heads import read_mask
 from . import hydra_app
 
@@ -35,11 +36,13 @@ def train(cfg: DictConfig) -> dict:
     argv = backend.train_argv(cfg, bin_dir(cfg.data, cfg.paths.data_root), save_dir)  # checks the settings first
     prepare(cfg.data, cfg.paths.data_root)
     started = time.perf_counter()
-    backend.train(argv, script=out / "fairseq-train.sh")
+    workers = backend.train(argv, script=out / "fairseq-train.sh", distributed=cfg.distributed)
+    if not is_rank_zero():  # one worker of many: rank 0 writes the results
+        return {}
     summary = backend.checkpoint_summary(save_dir / "checkpoint_last.pt")
     averaged = backend.average_checkpoints(save_dir, int(cfg.average_last)) if cfg.average_last else None
     metrics = {
-        "arch": cfg.model.arch, **summary, **backend.train_speed(), "device": backend.resolve_device(cfg.device),
+        "arch": cfg.model.arch, **summary, **workers, "device": backend.resolve_device(cfg.device),
         "checkpoint": str(averaged or save_dir / "checkpoint_best.pt"),
         "seconds": round(time.perf_counter() - started, 1),
         "heads": heads_per_layer(cfg), "head_mask": cfg.head_mask,

@@ -1,0 +1,180 @@
+"""Data-parallel training is fairseq's own: this module only decides how many workers there are and gives
+fairseq the flags that say so, and starts this node's workers when no launcher started hprune.
+
+Three ways a training gets its workers (docs/scaling.md):
+  * one worker: this process trains (`--distributed-world-size 1`, so fairseq never spawns on its own);
+  * a launcher started hprune once per worker (torchrun, or srun: a multi-task SLURM job): this process is one
+    of them; torchrun's variables become fairseq's env:// flags, a SLURM step is read by fairseq itself
+    (`--distributed-port`, `scontrol show hostnames`);
+  * several workers asked on one node (every visible GPU by default): this process starts them with torch's
+    elastic launcher, torchrun's engine, each running `python -m hprune.worker`, and waits.
+On CPUs the workers talk through gloo, with fairseq's legacy_ddp (torch's DistributedDataParallel refuses the
+device ids fairseq passes for a CPU model); on GPUs through NCCL with torch's DistributedDataParallel.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ..console import is_verbose, log_file, to_log_file_only
+from ..errors import JobFailed, UserError
+from ..launch import Workers, launched
+
+log = logging.getLogger(__name__)
+DEFAULTS = OmegaConf.create({"world_size": "auto", "batch": "per_worker", "port": "auto"})
+BATCH_MODES = ("per_worker", "total")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one training runs: its workers and the fairseq flags every worker adds to the command line."""
+    world_size: int
+    starts_workers: bool  # this process starts the node's workers (no launcher started it)
+    update_freq: int  # each worker's
+    max_tokens: Optional[int]  # each batch's
+    flags: List[str]
+
+    @property
+    def max_tokens_per_update(self) -> Optional[int]:
+        """The cap on the tokens of one update: max_tokens a batch (fairseq bounds a batch's sentences times its
+        longest padded side), update_freq batches a worker, summed over the workers."""
+        return None if self.max_tokens is None else self.max_tokens * self.update_freq * self.world_size
+
+
+def plan(distributed: Optional[DictConfig], args) -> Plan:
+    """The workers of a training whose fairseq arguments are `args`, under `distributed` (world_size, batch,
+    port) and the launcher that started this process."""
+    cfg = OmegaConf.merge(DEFAULTS, distributed or {})
+    workers, cpu = launched(), bool(args.cpu)
+    gpus = 0 if cpu else torch.cuda.device_count()
+    world = _world_size(cfg.world_size, workers, cpu, gpus)
+    update_freq = int(args.update_freq[0])
+    if cfg.batch not in BATCH_MODES:
+        raise UserError(f"distributed.batch={cfg.batch} is not one of {', '.join(BATCH_MODES)}")
+    if cfg.batch == "total":
+        if update_freq % world:
+            raise UserError(f"distributed.batch=total spreads update_freq={update_freq} over {world} workers, which "
+                            f"does not divide it; set update_freq to a multiple of {world}, or distributed.batch="
+                            "per_worker (each worker's update_freq, fairseq's meaning)")
+        update_freq //= world
+    flags = ["--distributed-world-size", str(world), "--update-freq", str(update_freq)]
+    if world > 1:
+        # each worker reads the checkpoint it resumes from: fairseq's broadcast of rank 0's copy unpickles its
+        # config objects, which torch's weights-only loading (rightly) refuses
+        flags += ["--distributed-no-spawn", "--distributed-backend", "gloo" if cpu else "nccl",
+                  "--ddp-backend", "legacy_ddp" if cpu else "pytorch_ddp", "--load-checkpoint-on-all-dp-ranks"]
+        if workers.launcher == "slurm":
+            flags += ["--distributed-port", str(_slurm_port(cfg.port, workers, gpus))]
+    return Plan(world, world > 1 and not workers.launcher, update_freq, args.max_tokens, flags)
+
+
+def _world_size(asked, workers: Workers, cpu: bool, gpus: int) -> int:
+    if asked != "auto" and (not isinstance(asked, int) or asked < 1):
+        raise UserError(f"distributed.world_size={asked} is not a number of workers; give auto (every visible "
+                        "GPU, or the launcher's workers) or a whole number >= 1")
+    if workers.launcher:
+        if asked != "auto" and asked != workers.world_size:
+            raise UserError(f"distributed.world_size={asked}, but {workers.launcher} started {workers.world_size} "
+                            f"workers; drop the setting (the launcher decides) or start {asked} workers")
+        if not cpu and workers.local_rank >= gpus:
+            raise UserError(f"{workers.launcher} started worker {workers.local_rank} of this node, which has "
+                            f"{gpus} GPU(s): start one worker per GPU (torchrun --nproc-per-node={gpus}, or "
+                            f"hydra.launcher.tasks_per_node={gpus})")
+        return workers.world_size
+    world = max(gpus, 1) if asked == "auto" else asked
+    if not cpu and world > gpus:
+        raise UserError(f"distributed.world_size={world} asks for more workers than this node's {gpus} GPU(s); "
+                        f"use distributed.world_size={gpus} (or auto), or train across nodes: hprune train -m "
+                        "hydra/launcher=slurm hydra.launcher.nodes=N hydra.launcher.gpus_per_node=G, or torchrun "
+                        "on every node (docs/scaling.md)")
+    return world
+
+
+def _slurm_port(port, workers: Workers, gpus: int) -> int:
+    """fairseq's SLURM start needs the rendezvous port on every task alike: by default derived from the job id
+    (as fairseq's own single-node start does). fairseq reads one task per node as one process per GPU, so a
+    node's tasks must match its GPUs."""
+    tasks_per_node = int(os.environ.get("SLURM_NTASKS_PER_NODE", "0").split("(")[0] or 0) or \
+        workers.world_size // int(os.environ.get("SLURM_NNODES", "1"))
+    if tasks_per_node == 1 and gpus != 1:
+        raise UserError(f"this SLURM job runs one task per node on {gpus or 'no'} GPU(s); run one task per GPU "
+                        f"(hydra.launcher.tasks_per_node = gpus_per_node{'' if gpus else ', at least 2 on CPUs'})")
+    if port != "auto":
+        return int(port)
+    return random.Random(int(os.environ.get("SLURM_JOB_ID", "0"))).randint(10000, 60000)
+
+
+def rank_flags() -> List[str]:
+    """A torchrun worker's place as fairseq flags (fairseq's own reading of torchrun divides by the GPU count,
+    which is 0 on a CPU)."""
+    workers = launched()
+    if workers.launcher != "torchrun":
+        return []
+    return ["--distributed-init-method", "env://", "--distributed-rank", str(workers.rank),
+            "--device-id", str(workers.local_rank)]
+
+
+def _root_cause(err, workers: int) -> str:
+    """The failure that ended a local launch: a worker killed by a signal (the others then fail on the lost
+    connection, or are stopped by the agent's SIGTERM), else the first to fail, with the reason it recorded."""
+    def order(item):
+        failure = item[1]
+        return (failure.exitcode == -signal.SIGTERM, failure.exitcode >= 0, failure.timestamp)
+
+    rank, failure = min(err.failures.items(), key=order)
+    if failure.exitcode < 0:
+        return f"worker {rank} of {workers} was killed by {failure.signal_name()}"
+    reason = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+    return f"worker {rank} of {workers} failed ({reason or f'exit code {failure.exitcode}'})"
+
+
+def join_slurm_step(cfg: DictConfig, cpu: bool) -> None:
+    """This task's place in a multi-task SLURM step, as fairseq reads it (the first of `scontrol show hostnames`
+    hosts the rendezvous; rank SLURM_PROCID, device SLURM_LOCALID), into the config's distributed_training.
+    Read here rather than inside fairseq's call_main, which would then select CUDA device SLURM_LOCALID even on a
+    CPU; on CPUs the device id is dropped."""
+    from fairseq.distributed import utils as distributed_utils
+
+    if not distributed_utils._infer_slurm_init(cfg, None):
+        raise UserError("this is a task of a multi-task SLURM job, but `scontrol` is not on PATH to name its nodes; "
+                        "run hprune where SLURM's commands are, or start the workers with torchrun instead")
+    if cpu:
+        cfg.device_id = 0
+
+
+def start_workers(argv: List[str], workers: int, label: str) -> dict:
+    """Train with `workers` processes on this node under torch's elastic launcher (what `torchrun --standalone
+    --nproc-per-node` runs), each `python -m hprune.worker`; waits for them. Rank 0 logs to this run's
+    log file and draws the progress bar. Returns its training speed. A worker that dies ends them all: one line,
+    and the same command resumes from the last checkpoint."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // workers))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=workers, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    log.info("%s: %d workers on this node (torch's elastic launcher)", label, workers)
+    with tempfile.TemporaryDirectory(prefix="hprune-workers-") as tmp:
+        speed = Path(tmp) / "speed.json"
+        worker_args = ["-m", "hprune.worker", "--label", label, "--threads", threads, "--speed-file", str(speed),
+                       *(["--log-file", log_file()] if log_file() else []), *(["--verbose"] if is_verbose() else []),
+                       "--", *argv]
+        try:
+            with to_log_file_only("torch.distributed.elastic"):
+                elastic_launch(config, sys.executable)(*worker_args)
+        except ChildFailedError as err:
+            raise JobFailed(f"{_root_cause(err, workers)}, which ended the training; the checkpoints are kept: run "
+                            "the same command again (same hydra.run.dir) to resume from the last one") from None
+        return json.loads(speed.read_text()) if speed.exists() else {}
