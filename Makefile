@@ -36,8 +36,9 @@ demo: install ## the study on the synthetic task: train to convergence, Michel's
 	# Voita et al.: gates on the encoder self-attention; λ = 0 is the control (the same extra training, no penalty)
 	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,1,4 \
 		prune.optim.max_update=400 prune.optim.lr=0.005 hydra.sweep.dir=outputs/demo/voita
-	# head roles of the start model, and which survived the strongest λ
-	$(VENV)/bin/hprune analyze ckpt=outputs/demo mask=outputs/demo/voita/2/head_mask.json \
+	# head roles of the start model (all three attention types, alignment heads against the generator's gold
+	# alignments), which survived the strongest λ, and the attention maps of two sentences (drawn in the report)
+	$(VENV)/bin/hprune analyze ckpt=outputs/demo mask=outputs/demo/voita/2/head_mask.json dump=2 \
 		hydra.run.dir=outputs/demo/analyze
 	$(VENV)/bin/hprune report outputs/demo hydra.run.dir=outputs/demo/report > /dev/null
 	$(PY) scripts/demo_summary.py outputs/demo

@@ -81,6 +81,11 @@ def main(demo: Path) -> None:
     print(f"head roles on the start model: {analyzed['positional_heads']} positional, {analyzed['syntactic_heads']} "
           f"syntactic, {analyzed['rare_heads']} rare-token of 12 encoder self-attention heads "
           f"({share_all:.0%} have a role)")
+    if analyzed.get("alignment_heads") is not None:
+        print(f"  decoder self-attention: {analyzed['dec_self_positional_heads']} positional of 12; encoder-decoder: "
+              f"{analyzed['alignment_heads']} alignment heads of 12 (AER <= {analyzed['alignment_max_aer']:g} against the "
+              f"generator's gold alignments), the best {analyzed['best_alignment_head']} with AER "
+              f"{analyzed['best_alignment_aer']:.3f}; the best layer's mean map {analyzed['best_layer_aer']:.3f}")
     if "lrp_confidence_spearman_all" in analyzed:
         found["lrp_confidence_spearman"] = analyzed["lrp_confidence_spearman_all"]
         print(f"LRP relevance vs confidence (Voita et al. §4), Spearman's rank correlation over all 36 heads: "

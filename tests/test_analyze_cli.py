@@ -64,3 +64,103 @@ def test_bad_input(trained_run, tmp_path):
     assert_one_line_error(hprune("analyze", *args, f"arcs={tmp_path / 'none.jsonl'}", check=False),
                           "none.jsonl does not exist")
     assert not (tmp_path / "run" / "head_roles.csv").exists()
+
+
+def test_alignment_heads_on_a_head_forced_along_the_gold_alignment(trained_run, tmp_path, monkeypatch):
+    """Encoder-decoder layer 1, head 2 of the small model is made to attend, for every target piece, to the
+    last piece of the source word the generator aligned its word to (EOS where none): analyze must find it an
+    alignment head with AER 0, the best one, and dump its maps as they were."""
+    from bertviz import model_view
+
+    from hprune.analysis.alignment import read_pharaoh, word_ids
+    from hprune.analysis.attention_maps import bertviz_inputs
+    from hprune.session import Session
+
+    layer, forced_head = 1, 2
+    current, opened = {}, Session.open.__func__
+    batches = Session.batches
+
+    def remember(self, *args, **kwargs):
+        for sample in batches(self, *args, **kwargs):
+            current["sample"] = sample
+            yield sample
+
+    def force(module, inputs, output):
+        session, sample = current["session"], current["sample"]
+        source_dict, target_dict = session.dictionaries
+        gold = current.setdefault("gold", read_pharaoh(session.data_bin.parent / "raw" / "valid.align"))
+        for b, sentence in enumerate(sample["id"].tolist()):
+            tokens = sample["net_input"]["src_tokens"][b]
+            real = tokens.ne(session.pad).nonzero().squeeze(1).tolist()
+            source = word_ids([source_dict[t] for t in tokens[real[:-1]].tolist()], "subword_nmt")
+            length = int(sample["target"][b].ne(session.pad).sum())
+            target = word_ids([target_dict[t] for t in sample["target"][b][:length - 1].tolist()], "subword_nmt")
+            module.head_weights[b, forced_head] = 0
+            for t, word in enumerate(target + [None]):
+                aligned = sorted(i for i, j in gold[sentence][0] if j == word) if word is not None else []
+                column = real[max(p for p, w in enumerate(source) if w == aligned[0])] if aligned else real[-1]
+                module.head_weights[b, forced_head, t, column] = 1
+
+    def open_forced(cls, *args, **kwargs):
+        session = opened(cls, *args, **kwargs)
+        current["session"] = session
+        session.model.decoder.layers[layer].encoder_attn.register_forward_hook(force)
+        return session
+
+    monkeypatch.setattr(Session, "batches", remember)
+    monkeypatch.setattr(Session, "open", classmethod(open_forced))
+    out = tmp_path / "run"
+    hprune("analyze", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", "lrp=false",
+           "dump=100")  # every valid sentence
+    roles = pd.read_csv(out / "head_roles.csv").set_index(["type", "layer", "head"])
+    assert roles.loc[("dec-enc", layer, forced_head), "alignment_aer"] == 0
+    assert roles.loc[("dec-enc", layer, forced_head), "alignment_share"] == 1
+    assert roles.loc[("dec-enc", layer, forced_head), "alignment"]
+    assert roles.xs("dec-self")["positional_prev"].between(0, 1).all() and len(roles) == 36
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["best_alignment_aer"], metrics["best_alignment_head"]) == (0, f"dec-enc {layer} {forced_head}")
+    assert metrics["alignment_heads"] >= 1 and metrics["alignments_source"] == "data set"
+    assert metrics["attention_maps"] == 100 and metrics["dec_self_positional_heads"] is not None
+
+    # the dump: numpy arrays of the documented shapes, softmax rows, the forced head as it was forced
+    import numpy as np
+    maps = np.load(out / "attention" / "0.npz")
+    source, target = len(maps["source_tokens"]), len(maps["target_tokens"])
+    assert maps["enc_self"].shape == (3, 4, source, source) and maps["dec_self"].shape == (3, 4, target, target)
+    assert maps["dec_enc"].shape == (3, 4, target, source) and maps["decoder_tokens"][0] == "</s>"
+    np.testing.assert_allclose(maps["dec_enc"].sum(-1), 1, atol=1e-5)
+    assert set(np.unique(maps["dec_enc"][layer, forced_head])) == {0.0, 1.0}
+    html = model_view(**bertviz_inputs(out / "attention" / "0.npz"), html_action="return").data
+    assert all(token in html for token in maps["source_tokens"].tolist())
+
+    # a second reading of an unforced head's AER, from the dumped maps: words counted afresh, links summed
+    gold = read_pharaoh(Path(metrics["alignments"]))
+    counts = np.zeros(4)  # |A|, |A ∩ S|, |A ∩ P|, |S|
+    for sentence, (sure, possible) in enumerate(gold):
+        maps = np.load(out / "attention" / f"{sentence}.npz")
+
+        def words(pieces):
+            starts = [0] + [int(not previous.endswith("@@")) for previous in pieces[:-1]]
+            return np.cumsum(starts).tolist()
+        source, target = words(maps["source_tokens"][:-1].tolist()), words(maps["target_tokens"][:-1].tolist())
+        best = maps["dec_enc"][2, 0][:len(target)].argmax(-1)
+        links = {(source[s], target[t]) for t, s in enumerate(best) if s < len(source)}
+        counts += (len(links), len(links & sure), len(links & possible), len(sure))
+    expected = 1 - (counts[1] + counts[2]) / (counts[0] + counts[3])
+    assert roles.loc[("dec-enc", 2, 0), "alignment_aer"] == pytest.approx(expected, abs=1e-12)
+
+    # report.html draws the first sentence's maps, one (layer, head) grid per type
+    hprune("report", str(out), f"hydra.run.dir={tmp_path / 'report'}", "attention_sentences=1", "plot_formats=[png]")
+    assert sorted(p.name for p in (tmp_path / "report" / "plots").glob("*_attention_*")) == \
+        [f"run_attention_0_{key}.png" for key in ("dec_enc", "dec_self", "enc_self")]
+    assert "dec-enc attention, sentence 0: run" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_alignments_bad_input(trained_run, tmp_path):
+    args = [f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'run'}", *SMALL_DATA, "device=cpu", "lrp=false"]
+    assert_one_line_error(hprune("analyze", *args, f"alignments={tmp_path / 'none.align'}", check=False),
+                          "none.align does not exist")
+    (tmp_path / "bad.align").write_text("0-0 x\n")
+    assert_one_line_error(hprune("analyze", *args, f"alignments={tmp_path / 'bad.align'}", check=False),
+                          "bad.align:1: 'x' is not a Pharaoh link")
+    assert not (tmp_path / "run" / "head_roles.csv").exists()

@@ -1,6 +1,7 @@
 """Head roles of Voita et al. 2019 from attention maps: positional, syntactic, rare-token.
 
-Each head is judged by where its maximum attention weight (its argmax) lands, one query token at a time:
+Each encoder self-attention head is judged by where its maximum attention weight (its argmax) lands, one query
+token at a time:
   positional  share of queries whose argmax is the previous (-1) or the next (+1) token; a head is positional
               when one of the two shares is >= 90 %;
   syntactic   per dependency relation and direction, the share of arcs whose dependent (or head) word attends
@@ -9,6 +10,9 @@ Each head is judged by where its maximum attention weight (its argmax) lands, on
   rare-token  share of queries whose argmax is the sentence's least frequent token (EOS excluded).
 The fourth role measure, confidence, is `hprune.pruning.scores.confidence` (it also orders heads for pruning).
 Maps are one sentence at a time, without padding: (heads, length, length), the last position EOS.
+A decoder self-attention head can only look back: it is positional when >= 90 % of its queries (every target
+position but the first) attend most to the token before (`PreviousTokenStats`). Encoder-decoder heads align
+words: analysis/alignment.py.
 """
 from __future__ import annotations
 
@@ -75,3 +79,28 @@ class RoleStats:
             best_margin = best_margin.combine(pd.Series(accuracy - baseline), max)
         table["syntactic"] = best_margin >= SYNTACTIC_MARGIN
         return table
+
+
+@dataclass
+class PreviousTokenStats:
+    """Decoder self-attention: per head, the share of queries whose argmax is the position before."""
+    num_heads: int
+    queries: int = 0
+    previous: torch.Tensor = None
+
+    def __post_init__(self):
+        self.previous = torch.zeros(self.num_heads, dtype=torch.float64)
+
+    def add(self, weights: torch.Tensor) -> None:
+        """weights: (heads, n, n) of one target sentence (decoder inputs: EOS, then the words)."""
+        n = weights.size(-1)
+        if n < 2:
+            return
+        argmax = weights[:, 1:].argmax(-1)  # the first position has nothing before it
+        self.queries += n - 1
+        self.previous += (argmax == torch.arange(n - 1)).sum(-1)
+
+    def table(self) -> pd.DataFrame:
+        share = (self.previous / max(self.queries, 1)).numpy()
+        return pd.DataFrame({"head": range(self.num_heads), "positional_prev": share,
+                             "positional": share >= POSITIONAL_SHARE})

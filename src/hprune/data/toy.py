@@ -18,7 +18,9 @@ they do on real, subword-level language:
 * many rare names, each seen only a few times in training and made of rare pieces, copied through piece by
   piece (rare-token heads);
 * amod / advmod / dobj / nsubj relations, written as gold arcs between token positions (a word is its last
-  piece) for every source sentence.
+  piece) for every source sentence;
+* gold word alignments (raw/<split>.align, Pharaoh `i-j`): each determiner, noun, adjective, name, adverb and
+  verb to its translation; the case particles have none.
 
 The text in raw/ is words (the references, as BLEU sees them); the pieces the model reads are in pieces/.
 Every word is a pseudo-word made from syllables, so no real language leaks in. Same parameters, same corpus,
@@ -148,6 +150,7 @@ class Sentence:
     source: list[str]  # pieces
     target: list[str]  # pieces
     arcs: list[tuple[str, int, int]]  # (label, head, dependent): 0-based source token positions, a word's last piece
+    alignment: list[tuple[int, int]]  # (source word, target word), 0-based word positions
 
 
 class _Generator:
@@ -155,9 +158,10 @@ class _Generator:
         self.params, self.lexicon, self.rng = params, lexicon, rng
 
     def noun_phrase(self, start: int, name: Word | None):
-        """Returns source tokens, target tokens, noun class, position of the head noun and amod arcs."""
+        """Returns source tokens, target tokens, noun class, position of the head noun, amod arcs and the word
+        alignment within the phrase."""
         if name is not None:  # names agree like the last class ("persons") and are copied verbatim
-            return list(name), list(name), self.params.n_noun_classes - 1, start + len(name) - 1, []
+            return list(name), list(name), self.params.n_noun_classes - 1, start + len(name) - 1, [], [(0, 0)]
         rng, lex = self.rng, self.lexicon
         noun_class = rng.randrange(self.params.n_noun_classes)
         noun_src, noun_tgt = rng.choice(lex.nouns[noun_class])
@@ -169,7 +173,9 @@ class _Generator:
         source += noun_src
         target = ["le", noun_tgt] + [a for _, a in adjectives]
         head = start + len(source) - 1
-        return source, target, noun_class, head, [("amod", head, end) for end in ends]
+        # words: the, the adjectives, the noun -> le, the noun, the adjectives
+        alignment = [(0, 0), (len(adjectives) + 1, 1)] + [(1 + i, 2 + i) for i in range(len(adjectives))]
+        return source, target, noun_class, head, [("amod", head, end) for end in ends], alignment
 
     def sentence(self, subject_name: Word | None, object_name: Word | None) -> Sentence:
         """Source: both noun phrases, each followed by its case particle, in either order, then the verb (the
@@ -177,10 +183,11 @@ class _Generator:
         rng, lex, p = self.rng, self.lexicon, self.params
         object_first = rng.random() < p.p_object_first
         source, arcs, heads = [], [], {}
-        target_of = {}
+        target_of, words_of = {}, {}  # per role: target tokens; (first source word, the phrase's alignment)
         for role in (("obj", "subj") if object_first else ("subj", "obj")):
-            src, tgt, noun_class, head, np_arcs = self.noun_phrase(len(source), subject_name if role == "subj"
-                                                                   else object_name)
+            src, tgt, noun_class, head, np_arcs, np_alignment = self.noun_phrase(
+                len(source), subject_name if role == "subj" else object_name)
+            words_of[role] = (len(join_pieces(source)), np_alignment)
             source += src + [SUBJECT_PARTICLE if role == "subj" else OBJECT_PARTICLE]
             arcs += np_arcs
             heads[role], target_of[role] = head, tgt
@@ -197,7 +204,16 @@ class _Generator:
         arcs += [("nsubj", verb_pos, heads["subj"]), ("dobj", verb_pos, heads["obj"])]
         if adverb:
             arcs.append(("advmod", verb_pos, adverb_end))
-        return Sentence(source, target, sorted(arcs, key=lambda a: (a[2], a[0])))
+        alignment, target_start = [], 0
+        for role in ("subj", "obj"):
+            source_start, links = words_of[role]
+            alignment += [(source_start + i, target_start + j) for i, j in links]
+            target_start += len(join_pieces(target_of[role]))
+        source_words = len(join_pieces(source))
+        if adverb:
+            alignment.append((source_words - 2, target_start))
+        alignment.append((source_words - 1, len(join_pieces(target)) - 1))  # the verb
+        return Sentence(source, target, sorted(arcs, key=lambda a: (a[2], a[0])), sorted(alignment))
 
 
 def generate(params: ToyParams) -> dict[str, list[Sentence]]:
@@ -226,8 +242,8 @@ def generate(params: ToyParams) -> dict[str, list[Sentence]]:
 
 
 def write_corpus(params: ToyParams, raw_dir: Path, pieces_dir: Path) -> None:
-    """Writes words to raw_dir (`{split}.src`, `{split}.tgt`, `{split}.arcs.jsonl`, `params.json`) and the pieces
-    the model reads to pieces_dir (`{split}.src`, `{split}.tgt`)."""
+    """Writes words to raw_dir (`{split}.src`, `{split}.tgt`, `{split}.arcs.jsonl`, `{split}.align`, `params.json`)
+    and the pieces the model reads to pieces_dir (`{split}.src`, `{split}.tgt`)."""
     for folder in (raw_dir, pieces_dir):
         folder.mkdir(parents=True, exist_ok=True)
     for split, sentences in generate(params).items():
@@ -237,11 +253,13 @@ def write_corpus(params: ToyParams, raw_dir: Path, pieces_dir: Path) -> None:
             (raw_dir / f"{split}.{lang}").write_text("".join(" ".join(join_pieces(p)) + "\n" for p in lines))
         (raw_dir / f"{split}.arcs.jsonl").write_text(
             "".join(json.dumps({"arcs": [list(a) for a in s.arcs]}) + "\n" for s in sentences))
+        (raw_dir / f"{split}.align").write_text(
+            "".join(" ".join(f"{i}-{j}" for i, j in s.alignment) + "\n" for s in sentences))
     (raw_dir / "params.json").write_text(json.dumps(asdict(params), indent=1, sort_keys=True) + "\n")
 
 
 # --------------------------------------------------------------------------------------------- the data kind
-FORMAT_VERSION = 3  # bump when the generator or the binarization changes
+FORMAT_VERSION = 4  # bump when the generator or the binarization changes (4: gold word alignments)
 
 
 def params_of(data: DictConfig) -> ToyParams:

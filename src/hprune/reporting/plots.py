@@ -91,6 +91,31 @@ def head_heatmaps(table: pd.DataFrame, value: str, path: Path | list[Path], titl
     return _save(fig, path)
 
 
+def attention_grid(stack: np.ndarray, rows: list, columns: list, path: Path | list[Path], title: str = "") -> Path:
+    """One sentence's maps of one attention type: a (layer, head) grid of heatmaps, query rows against key
+    columns, the tokens on the outer axes; a head pruned away (NaN) is blank."""
+    plt = _figure()
+    layers, heads = stack.shape[:2]
+    size = max(1.2, min(2.6, 0.16 * max(len(rows), len(columns))))
+    fig, axes = plt.subplots(layers, heads, figsize=(size * heads + 1, size * layers + 0.6), squeeze=False,
+                             constrained_layout=True)
+    font = max(3, min(7, 140 / max(len(rows), len(columns))))
+    for layer in range(layers):
+        for head in range(heads):
+            ax = axes[layer][head]
+            ax.imshow(stack[layer, head], cmap="viridis", vmin=0, vmax=1, aspect="auto")
+            ax.set_xticks(range(len(columns)) if layer == layers - 1 else [])
+            ax.set_yticks(range(len(rows)) if head == 0 else [])
+            if layer == layers - 1:
+                ax.set_xticklabels(columns, rotation=90, fontsize=font)
+                ax.set_xlabel(f"head {head}", fontsize=7)
+            if head == 0:
+                ax.set_yticklabels(rows, fontsize=font)
+                ax.set_ylabel(f"layer {layer}", fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, path)
+
+
 def line(table: pd.DataFrame, x: str, ys: list, path: Path | list[Path], title: str = "") -> Path:
     plt = _figure()
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -3,7 +3,8 @@
 Collects every finished run (reporting/collect.py), then writes into the run dir the method comparison at
 matched sparsity, the λ table of gated runs, the MoA table, the runs table (each as CSV, Markdown, LaTeX),
 the plots (BLEU vs % pruned per model, BLEU and heads kept vs λ, head heatmaps of importance, gates and masks,
-expert load), report.md and report.html (one self-contained page) holding all of it, and incomplete.txt
+expert load, the attention maps of analyzed sentences), report.md and report.html (one self-contained page)
+holding all of it, and incomplete.txt
 listing runs without results. Pruned points are tested against their reference and against each other with
 sacreBLEU's paired bootstrap where their translations were saved; runs that differ by seed only are
 aggregated to mean and standard deviation.
@@ -14,9 +15,11 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from ..analysis.attention_maps import KEYS
 from ..errors import UserError
 from ..files import run_dir, write_atomic
 from ..reporting import pages, plots, tables
@@ -131,6 +134,24 @@ def _run_heatmaps(report: Report, runs: pd.DataFrame) -> None:
                               lambda paths: plots.head_heatmaps(table, value, paths, f"{title}: {run.run}"))
 
 
+def _attention_figures(report: Report, runs: pd.DataFrame) -> None:
+    """The attention maps `hprune analyze dump=N` wrote: the first report.attention_sentences sentences of each
+    run, one (layer, head) grid per attention type."""
+    for run in runs.itertuples():
+        files = sorted((Path(run.path) / "attention").glob("*.npz"), key=lambda p: int(p.stem))
+        for path in files[:report.cfg.attention_sentences]:
+            maps = np.load(path)
+            axes = {"enc_self": ("source_tokens", "source_tokens"), "dec_self": ("decoder_tokens", "decoder_tokens"),
+                    "dec_enc": ("target_tokens", "source_tokens")}
+            for kind, key in KEYS.items():
+                if key not in maps:
+                    continue
+                rows, columns = (maps[name].tolist() for name in axes[key])
+                title = f"{kind} attention, sentence {path.stem}: {run.run}"
+                report.figure(f"{_slug(run.run)}_attention_{path.stem}_{key}", title,
+                              lambda paths: plots.attention_grid(maps[key], rows, columns, paths, title))
+
+
 def report_runs(cfg: DictConfig) -> dict:
     roots = OmegaConf.to_container(cfg.runs) if OmegaConf.is_list(cfg.runs) else [cfg.runs]
     group_by = list(cfg.group_by)
@@ -178,6 +199,7 @@ def report_runs(cfg: DictConfig) -> dict:
     report.table("moa", "Mixture of attention heads: experts, cost and BLEU", tables.moa(collection))
     report.table("runs", "Runs", runs)
     _run_heatmaps(report, collection.runs[collection.runs["verb"].isin(["prune", "eval"])])
+    _attention_figures(report, collection.runs[collection.runs["verb"] == "analyze"])
     incomplete = "".join(f"{run}: {why}\n" for run, why in collection.incomplete)
     write_atomic(out / "incomplete.txt", incomplete)
     if incomplete:
