@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from hprune.analysis.survival import role_survival_test
+
 ROLES = ("positional", "syntactic", "rare")
 
 
@@ -93,6 +95,17 @@ def main(demo: Path) -> None:
     for row in survival:
         print(f"  λ = {row['λ']:g}: {row['kept']} heads kept, {row['role heads kept']} with a role "
               f"({row['share among kept']:.0%})")
+    masks = {json.loads((run / "metrics.json").read_text())["l0_lambda"]: json.loads((run / "head_mask.json").read_text())
+             for run in voita_runs}
+    test = role_survival_test(roles[roles["type"] == "enc-self"], masks, list(ROLES))
+    if test["p_value"] is None:
+        print(f"  do heads with a role survive longer? not testable: {test['role_heads']} of "
+              f"{test['role_heads'] + test['other_heads']} gated heads have a role")
+    else:
+        found["role_survival_p"] = test["p_value"]
+        print(f"  do heads with a role survive longer (Voita et al.)? open at {test['mean_open_role']:.2f} of the "
+              f"{len(test['lambdas'])} λ > 0 on average, against {test['mean_open_other']:.2f} for the "
+              f"{test['other_heads']} heads without one: p = {test['p_value']:.4f} (permutation test of the roles)")
     print("expected (README, spread over seeds):")
     for key, (low, high) in expected["ranges"].items():
         value = found.get(key)

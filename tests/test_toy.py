@@ -118,3 +118,46 @@ def test_the_target_puts_the_subject_first_with_adjectives_after_their_noun():
     label, head, dep = next(a for a in sentence.arcs if a[0] == "amod")
     noun_at = sentence.target.index(translation[word_ending_at(sentence.source, head)])
     assert translation[word_ending_at(sentence.source, dep)] in sentence.target[noun_at + 1:]
+
+
+def test_gold_alignments_link_each_word_to_its_translation():
+    corpus, lexicon = generate(SMALL), build_lexicon(SMALL)
+    translation = {"".join(src).replace(CONTINUATION, ""): tgt for src, tgt in lexicon.adjectives + lexicon.adverbs
+                   + [pair for nouns in lexicon.nouns for pair in nouns]}
+    translation.update({"".join(src).replace(CONTINUATION, ""): forms for src, forms in lexicon.verbs})
+    for s in corpus["train"][:200]:
+        source, target = join_pieces(s.source), join_pieces(s.target)
+        assert len({j for _, j in s.alignment}) == len(s.alignment) == len(target)  # every target word, once
+        for i, j in s.alignment:
+            word = source[i].replace(CONTINUATION, "")
+            expected = {"the": "le"}.get(word, translation.get(word, word))  # a name is copied
+            assert target[j] in (expected if isinstance(expected, list) else [expected])
+        assert {source[i] for i in set(range(len(source))) - {i for i, _ in s.alignment}} <= \
+            {SUBJECT_PARTICLE, OBJECT_PARTICLE}  # only the particles are unaligned
+
+
+def test_the_role_levers_mark_what_they_promise():
+    marked = replace(SMALL, left_context=True, object_agreement=True)
+    plain, levers = generate(SMALL)["train"][:200], generate(marked)["train"][:200]
+    lexicon = build_lexicon(marked)
+    verbs = [src for src, _ in lexicon.verbs]
+    for before, after in zip(plain, levers):
+        assert after.source == before.source and after.alignment == before.alignment  # only the target is marked
+        words, source = join_pieces(after.target), join_pieces(before.source)
+        starts = [i for i, p in enumerate(before.source) if i == 0 or not before.source[i - 1].endswith(CONTINUATION)]
+        for i, j in before.alignment:
+            plain_word = join_pieces(before.target)[j]
+            if plain_word == source[i]:  # a copied name is left as it is
+                assert words[j] == plain_word
+                continue
+            left = before.source[starts[i] - 1] if starts[i] else ""
+            assert words[j].startswith(plain_word) and words[j][len(plain_word)] == "rst"[sum(map(ord, left)) % 3]
+        (_, verb, obj), = [a for a in before.arcs if a[0] == "dobj"]
+        obj_i = [k for k, start in enumerate(starts) if start <= obj][-1]
+        if source[obj_i] not in {"".join(n).replace(CONTINUATION, "") for n in lexicon.names}:
+            j = next(j for i, j in before.alignment if i == obj_i)
+            verb_src = tuple(before.source[-2:])
+            assert words[j][-1] == "qwy"[verbs.index(verb_src) % 3]
+    shared = build_lexicon(replace(SMALL, shared_pieces=True))
+    stems, endings = ({src[k] for nouns in shared.nouns for src, _ in nouns} for k in (0, 1))
+    assert {s.replace(CONTINUATION, "") for s in stems} & endings  # one inventory, either place

@@ -43,6 +43,7 @@ SRC, TGT = "src", "tgt"
 ARC_LABELS = ("nsubj", "dobj", "amod", "advmod")  # the relations of the gold arcs (raw/<split>.arcs.jsonl)
 SUBJECT_PARTICLE, OBJECT_PARTICLE = "ga", "wo"  # case markers after each noun phrase: they, not the order, say who
 CONTINUATION = "@@"  # subword-nmt's mark on every piece but a word's last (fairseq --post-process subword_nmt)
+LEFT_MARKS, AGREEMENT_MARKS = "rst", "qwy"  # the letters of left_context and object_agreement
 
 Word = tuple  # a word's pieces, continuation marks included: ("ba@@", "ko")
 
@@ -66,6 +67,9 @@ class ToyParams:
     max_adjectives: int = 2
     p_adverb: float = 0.5
     p_object_first: float = 0.5  # source order object-subject-verb instead of subject-object-verb
+    left_context: bool = False  # every translated word (names aside) is marked by the source token before it
+    shared_pieces: bool = False  # a content word's two pieces come from one inventory (n_stems), in either place
+    object_agreement: bool = False  # the object noun's translation agrees with the verb (its class)
 
 
 @dataclass
@@ -105,10 +109,12 @@ def build_lexicon(params: ToyParams) -> Lexicon:
     if classes > len(_VOWELS):
         raise ValueError(f"n_noun_classes must be at most {len(_VOWELS)}")
     stems = _pseudo_words(rng, params.n_stems, 2, taken)
-    endings = _pseudo_words(rng, params.n_endings, 1, taken)
+    # shared_pieces: a word's two pieces come from one inventory, so that a piece cannot tell by itself which
+    # neighbour is the other half of its word: only the position can (the piece before, or after)
+    endings = stems if params.shared_pieces else _pseudo_words(rng, params.n_endings, 1, taken)
     # every content word is a stem and an ending from one shared inventory; a noun's class is (stem + ending)
     # mod classes, so that each piece occurs in every class and in every part of speech: only both tell the word
-    combos = [(s, e) for s in range(len(stems)) for e in range(len(endings))]
+    combos = [(s, e) for s in range(len(stems)) for e in range(len(endings)) if not (params.shared_pieces and s == e)]
     rng.shuffle(combos)
     by_class = [[c for c in combos if sum(c) % classes == k] for k in range(classes)]
     if min(len(c) for c in by_class) < params.nouns_per_class:
@@ -197,7 +203,7 @@ class _Generator:
         if adverb:
             source += adverb[0]
         adverb_end = len(source) - 1
-        verb_src, verb_tgt = rng.choice(lex.verbs)
+        verb_src, verb_tgt = verb = rng.choice(lex.verbs)
         source += verb_src
         verb_pos = len(source) - 1
         target = target_of["subj"] + target_of["obj"] + ([adverb[1]] if adverb else []) + [verb_tgt[subj_class]]
@@ -213,7 +219,27 @@ class _Generator:
         if adverb:
             alignment.append((source_words - 2, target_start))
         alignment.append((source_words - 1, len(join_pieces(target)) - 1))  # the verb
+        if p.left_context or p.object_agreement:
+            obj_start = len(join_pieces(target_of["subj"])) if object_name is None else None  # its "le"
+            target = self.inflect(source, target, alignment, obj_start, lex.verbs.index(verb))
         return Sentence(source, target, sorted(arcs, key=lambda a: (a[2], a[0])), sorted(alignment))
+
+    def inflect(self, source: list, target: list, alignment: list, obj_start: int | None, verb: int) -> list:
+        """Marks that make roles needed: with left_context, each translated word (names aside) ends with a
+        letter naming the source token just before its source word (a look one token to the left, for nearly
+        every word); with object_agreement, the object noun also with its verb's class (along the dobj arc,
+        at a distance that varies with the order and the adverb)."""
+        starts = [i for i, piece in enumerate(source) if i == 0 or not source[i - 1].endswith(CONTINUATION)]
+        spans = [i for i, piece in enumerate(target) if i == 0 or not target[i - 1].endswith(CONTINUATION)]
+        words = [list(target[start:end]) for start, end in zip(spans, spans[1:] + [len(target)])]
+        if self.params.left_context:
+            for i, j in alignment:
+                if len(words[j]) == 1 and source[starts[i]] != words[j][0]:  # a copied name keeps its pieces
+                    before = source[starts[i] - 1] if starts[i] else ""
+                    words[j][0] += LEFT_MARKS[sum(map(ord, before)) % len(LEFT_MARKS)]
+        if self.params.object_agreement and obj_start is not None:
+            words[obj_start + 1][0] += AGREEMENT_MARKS[verb % len(AGREEMENT_MARKS)]
+        return [piece for word in words for piece in word]
 
 
 def generate(params: ToyParams) -> dict[str, list[Sentence]]:

@@ -1,0 +1,49 @@
+"""The role-survival test (Voita et al.'s finding) on constructed masks: exact p-values by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hprune.analysis.survival import permutation_p, role_survival_test, survival
+
+
+def roles_of(flags):
+    return pd.DataFrame({"type": "enc-self", "layer": 0, "head": range(len(flags)), "positional": flags,
+                         "syntactic": [None] * len(flags)})
+
+
+def test_exact_p_of_a_hand_worked_case():
+    """Survival (0, 1, 2, 3), heads 2 and 3 with a role: difference (2+3)/2 - (0+1)/2 = 2, the largest of the
+    6 ways to choose 2 of 4 heads: p = 1/6. Heads 0 and 3 instead: (0+3)/2 - (1+2)/2 = 0, matched or beaten by
+    4 of the 6 labellings ({2,3}, {1,3}, {0,3}, {1,2}): p = 4/6."""
+    values = np.array([0.0, 1.0, 2.0, 3.0])
+    assert permutation_p(values, np.array([False, False, True, True]), 0, 0) == pytest.approx(1 / 6)
+    assert permutation_p(values, np.array([True, False, False, True]), 0, 0) == pytest.approx(4 / 6)
+
+
+def test_role_heads_that_stay_open_longer_are_found_and_random_ones_are_not():
+    lambdas = [0.0, 0.5, 1.0, 2.0, 4.0]
+    open_until = [4, 4, 4, 3, 1, 1, 0, 0, 0, 1, 0, 2]  # of the four λ > 0, how many keep the head open
+    masks = {lam: {"enc-self": [[int(open_until[h] > i - 1 if lam > 0 else 1) for h in range(12)]]}
+             for i, lam in enumerate(lambdas)}
+    heads = [("enc-self", 0, h) for h in range(12)]
+    assert survival(masks, heads).tolist() == open_until
+    found = role_survival_test(roles_of([True] * 4 + [False] * 8), masks, ["positional", "syntactic", "rare"])
+    assert (found["role_heads"], found["other_heads"], found["lambdas"]) == (4, 8, [0.5, 1.0, 2.0, 4.0])
+    assert found["mean_open_role"] == 3.75 and found["mean_open_other"] == 0.625
+    assert found["p_value"] < 0.01  # 495 labellings: only the observed one reaches 3.125
+    shuffled = role_survival_test(roles_of([False, True, False, False, False, False, True, False, True, False,
+                                            True, False]), masks, ["positional"])
+    assert shuffled["p_value"] > 0.5
+    nothing = role_survival_test(roles_of([False] * 12), masks, ["positional"])
+    assert nothing["p_value"] is None and nothing["role_heads"] == 0
+
+
+def test_many_heads_fall_back_to_random_labellings():
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 4, size=60).astype(float)
+    labels = np.zeros(60, bool)
+    labels[:20] = True
+    values[:20] += 2  # the role heads survive longer
+    assert permutation_p(values, labels, 2000, 1) <= 1 / 2001 + 1e-12  # C(60, 20) labellings: sampled
