@@ -85,6 +85,8 @@ class AlignmentStats:
 
     def add(self, weights: torch.Tensor, source_words: Sequence[int], target_words: Sequence[int], sure: Links,
             possible: Links) -> None:
+        if self.num_heads == 0:  # a layer pruned to no head aligns nothing
+            return
         weights = weights.double()
         maps = torch.cat([weights, weights.mean(0, keepdim=True)])
         linked = {j for _, j in sure}
@@ -100,4 +102,4 @@ class AlignmentStats:
         table = pd.DataFrame({"head": range(self.num_heads), "alignment_aer": rates[:-1],
                               "alignment_share": self.hits[:-1] / max(self.words, 1)})
         table["alignment"] = table["alignment_aer"] <= max_aer
-        return table, float(rates[-1])
+        return table, float(rates[-1]) if self.num_heads else float("nan")

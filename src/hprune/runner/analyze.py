@@ -96,19 +96,24 @@ def analyze(cfg: DictConfig) -> dict:
                     skipped_arcs, sentence_arcs = skipped_arcs + 1, []
                 source = [source_dict[t] for t in words]
                 target_pieces = [target_dict[t] for t in target[:length - 1].tolist()]
+                aligned = alignments is not None and sentence_id < len(alignments)
+                words_of = (word_ids(source, post_process), word_ids(target_pieces, post_process)) if aligned else None
                 maps = {}
                 for kind, layer, m in modules:
                     rows, columns = (real, real) if kind == "enc-self" else (slice(length), real if kind == "dec-enc"
                                                                              else slice(length))
-                    weights = m.head_weights[b][:, rows][:, :, columns].float().cpu()
+                    if m.num_heads == 0:  # every head of the layer pruned away: nothing recorded
+                        weights = torch.zeros(0, len(real) if kind == "enc-self" else length,
+                                              length if kind == "dec-self" else len(real))
+                    else:
+                        weights = m.head_weights[b][:, rows][:, :, columns].float().cpu()
                     maps.setdefault(kind, []).append(weights.numpy())
                     if kind == "enc-self":
                         stats[(kind, layer)].add(weights, rarest, sentence_arcs)
                     elif kind == "dec-self":
                         stats[(kind, layer)].add(weights)
-                    elif (kind, layer) in stats and sentence_id < len(alignments):
-                        stats[(kind, layer)].add(weights, word_ids(source, post_process),
-                                                 word_ids(target_pieces, post_process), *alignments[sentence_id])
+                    elif aligned:
+                        stats[(kind, layer)].add(weights, *words_of, *alignments[sentence_id])
                 if sentence_id < cfg.dump:
                     attention_maps.write(
                         run_dir() / "attention" / f"{sentence_id}.npz",
@@ -199,6 +204,7 @@ def summarize(cfg, roles, by_type, layer_aer, arcs, alignments) -> tuple:
                   if k == kind and metrics[f"{_key(k, role)}_heads"] is not None]
         if counts:
             lines.append(f"{len(by_type[kind])} {kind} heads on {cfg.split}: " + ", ".join(counts))
+    layer_aer = {layer: value for layer, value in layer_aer.items() if value == value}  # layers left with heads
     if layer_aer:
         aligned = by_type["dec-enc"].dropna(subset=["alignment_aer"])
         best = aligned.loc[aligned["alignment_aer"].idxmin()]
