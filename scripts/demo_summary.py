@@ -20,16 +20,20 @@ from hprune.analysis.survival import role_survival_test
 ROLES = ("positional", "syntactic", "rare")
 
 
-def role_survival(roles: pd.DataFrame, voita_runs: list[Path]) -> list[dict]:
+def voita_masks(voita_runs: list[Path]) -> dict:
+    """{λ: head mask} of the Voita runs."""
+    return {json.loads((run / "metrics.json").read_text())["l0_lambda"]: json.loads((run / "head_mask.json").read_text())
+            for run in voita_runs}
+
+
+def role_survival(roles: pd.DataFrame, masks: dict) -> list[dict]:
     """Per λ: the share of role heads among the surviving encoder self-attention heads, and among all of them."""
     enc = roles[roles["type"] == "enc-self"].copy()
     enc["role"] = enc[list(ROLES)].fillna(False).astype(bool).any(axis=1)
     rows = []
-    for run in voita_runs:
-        metrics = json.loads((run / "metrics.json").read_text())
-        mask = json.loads((run / "head_mask.json").read_text())["enc-self"]
-        alive = enc[[bool(mask[layer][head]) for layer, head in zip(enc["layer"], enc["head"])]]
-        rows.append({"λ": metrics["l0_lambda"], "kept": len(alive), "role heads kept": int(alive["role"].sum()),
+    for lam, mask in masks.items():
+        alive = enc[[bool(mask["enc-self"][layer][head]) for layer, head in zip(enc["layer"], enc["head"])]]
+        rows.append({"λ": lam, "kept": len(alive), "role heads kept": int(alive["role"].sum()),
                      "share among kept": alive["role"].mean() if len(alive) else float("nan")})
     return sorted(rows, key=lambda r: r["λ"]), enc["role"].mean()
 
@@ -50,8 +54,8 @@ def main(demo: Path) -> None:
     analyzed = json.loads((demo / "analyze" / "metrics.json").read_text())
     for role in ROLES:
         found[f"{role}_heads"] = analyzed[f"{role}_heads"]
-    voita_runs = sorted(p.parent for p in (demo / "voita").glob("*/metrics.json"))
-    survival, share_all = role_survival(roles, voita_runs)
+    masks = voita_masks(sorted(p.parent for p in (demo / "voita").glob("*/metrics.json")))
+    survival, share_all = role_survival(roles, masks)
 
     print("\n== hprune demo: summary")
     print((demo / "report" / "comparison.md").read_text(), end="")
@@ -95,8 +99,6 @@ def main(demo: Path) -> None:
     for row in survival:
         print(f"  λ = {row['λ']:g}: {row['kept']} heads kept, {row['role heads kept']} with a role "
               f"({row['share among kept']:.0%})")
-    masks = {json.loads((run / "metrics.json").read_text())["l0_lambda"]: json.loads((run / "head_mask.json").read_text())
-             for run in voita_runs}
     test = role_survival_test(roles[roles["type"] == "enc-self"], masks, list(ROLES))
     if test["p_value"] is None:
         print(f"  do heads with a role survive longer? not testable: {test['role_heads']} of "

@@ -15,14 +15,24 @@ from typing import Any, Callable, Iterator
 from .errors import UserError
 
 
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write to a temporary name beside the target, then rename: readers never see half a file."""
+@contextmanager
+def replaced_atomically(path: str | Path) -> Iterator[Path]:
+    """A temporary name beside `path` to write to, renamed onto `path` when the block ends (removed if it
+    fails): readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    with replaced_atomically(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
 
 
 def file_digest(path: Path, algorithm: str) -> str:

@@ -18,6 +18,8 @@ from typing import Dict, List
 
 import numpy as np
 
+from ..files import replaced_atomically
+
 KEYS = {"enc-self": "enc_self", "dec-self": "dec_self", "dec-enc": "dec_enc"}
 
 
@@ -32,12 +34,10 @@ def layer_stack(maps: List[np.ndarray], head_ids: List[List[int]], heads: int) -
 
 def write(path: Path, tokens: Dict[str, List[str]], maps: Dict[str, np.ndarray]) -> None:
     """One sentence's file, written under a temporary name and renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.array(values) for name, values in tokens.items()}
     arrays.update({KEYS[kind]: stack for kind, stack in maps.items()})
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    tmp.replace(path)
+    with replaced_atomically(path) as tmp, open(tmp, "wb") as f:  # a file object: numpy adds no suffix
+        np.savez_compressed(f, **arrays)
 
 
 def bertviz_inputs(path: str | Path) -> dict:

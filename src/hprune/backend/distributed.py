@@ -13,6 +13,7 @@ device ids fairseq passes for a CPU model); on GPUs through NCCL with torch's Di
 """
 from __future__ import annotations
 
+import importlib.resources
 import json
 import logging
 import os
@@ -33,7 +34,8 @@ from ..errors import JobFailed, UserError
 from ..launch import Workers, launched
 
 log = logging.getLogger(__name__)
-DEFAULTS = OmegaConf.create({"world_size": "auto", "batch": "per_worker", "port": "auto"})
+DEFAULTS = OmegaConf.load(importlib.resources.files("hprune_configs") / "distributed" / "default.yaml")  # callers
+# without a composed config (tests, scripts) get the config group's defaults
 BATCH_MODES = ("per_worker", "total")
 
 

@@ -19,7 +19,7 @@ from hprune_fairseq.safe_load import CorruptCheckpointError, load_checkpoint
 
 from ..console import training_progress
 from ..errors import JobFailed, UserError
-from ..files import write_atomic
+from ..files import replaced_atomically, write_atomic
 from ..launch import is_rank_zero, launched
 from .compat import frozen_heap, to_omegaconf
 from .distributed import join_slurm_step, plan, rank_flags, start_workers
@@ -186,10 +186,8 @@ def checkpoint_summary(ckpt: Path) -> dict:
 
 def save_checkpoint_atomic(state: dict, dest: Path) -> Path:
     """torch.save under a temporary name beside `dest`, then rename: no reader sees half a checkpoint."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, dest)
+    with replaced_atomically(dest) as tmp:
+        torch.save(state, tmp)
     return dest
 
 

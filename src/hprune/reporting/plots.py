@@ -1,13 +1,13 @@
 """Plots of pruning results (matplotlib, no display needed)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ..attention_types import ATTENTION_TYPES
+from ..files import replaced_atomically
 
 
 def _figure():
@@ -25,9 +25,8 @@ def _save(fig, path: Path | list[Path]) -> Path:
     paths = [path] if isinstance(path, Path) else list(path)
     try:
         for target in paths:
-            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-            fig.savefig(tmp, format=target.suffix.lstrip("."), dpi=120, bbox_inches="tight")
-            os.replace(tmp, target)
+            with replaced_atomically(target) as tmp:
+                fig.savefig(tmp, format=target.suffix.lstrip("."), dpi=120, bbox_inches="tight")
         return paths[0]
     finally:
         _figure().close(fig)

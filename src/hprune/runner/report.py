@@ -137,12 +137,12 @@ def _run_heatmaps(report: Report, runs: pd.DataFrame) -> None:
 def _attention_figures(report: Report, runs: pd.DataFrame) -> None:
     """The attention maps `hprune analyze dump=N` wrote: the first report.attention_sentences sentences of each
     run, one (layer, head) grid per attention type."""
+    axes = {"enc_self": ("source_tokens", "source_tokens"), "dec_self": ("decoder_tokens", "decoder_tokens"),
+            "dec_enc": ("target_tokens", "source_tokens")}  # each map's rows and columns
     for run in runs.itertuples():
         files = sorted((Path(run.path) / "attention").glob("*.npz"), key=lambda p: int(p.stem))
         for path in files[:report.cfg.attention_sentences]:
             maps = np.load(path)
-            axes = {"enc_self": ("source_tokens", "source_tokens"), "dec_self": ("decoder_tokens", "decoder_tokens"),
-                    "dec_enc": ("target_tokens", "source_tokens")}
             for kind, key in KEYS.items():
                 if key not in maps:
                     continue
