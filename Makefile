@@ -20,11 +20,11 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PIP) install -q torch==2.13.0 numpy cython
 	# fairseq-fixed declares torchaudio (another torch); its real needs are in setup.cfg
 	$(PIP) install -q --no-deps --no-build-isolation fairseq-fixed==0.12.3.1
-	$(PIP) install -q --no-build-isolation -e '.[test,deploy]'
+	$(PIP) install -q --no-build-isolation -e '.[test,deploy,align]'
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs, a Voita λ sweep with its λ = 0 control, head roles, `hprune report`, a summary (about 10 min on 2 cores after the install)
+demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs, a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 15 min on 2 cores after the install)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
@@ -36,6 +36,11 @@ demo: install ## the study on the synthetic task: train to convergence, Michel's
 	# Voita et al.: gates on the encoder self-attention; λ = 0 is the control (the same extra training, no penalty)
 	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,1,4 \
 		prune.optim.max_update=400 prune.optim.lr=0.005 hydra.sweep.dir=outputs/demo/voita
+	# Voita et al.'s finding tested where this model has heads with a role: gates on the encoder-decoder heads,
+	# whose alignment heads are the role; do they stay open at higher λ (the summary's permutation test)?
+	# lr 0.01: 400 updates move a gate's log α by up to 4, past the ~2.4 it needs to close
+	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo "prune.types=[dec-enc]" prune.freeze_decoder=false \
+		prune.l0_lambda=1,2,4,8 prune.optim.max_update=400 prune.optim.lr=0.01 hydra.sweep.dir=outputs/demo/voita_dec_enc
 	# head roles of the start model (all three attention types, alignment heads against the generator's gold
 	# alignments), which survived the strongest λ, and the attention maps of two sentences (drawn in the report)
 	$(VENV)/bin/hprune analyze ckpt=outputs/demo mask=outputs/demo/voita/2/head_mask.json dump=2 \

@@ -15,15 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from hprune.analysis.survival import role_survival_test
+from hprune.analysis.survival import role_survival_test, sweep_masks
 
 ROLES = ("positional", "syntactic", "rare")
-
-
-def voita_masks(voita_runs: list[Path]) -> dict:
-    """{λ: head mask} of the Voita runs."""
-    return {json.loads((run / "metrics.json").read_text())["l0_lambda"]: json.loads((run / "head_mask.json").read_text())
-            for run in voita_runs}
 
 
 def role_survival(roles: pd.DataFrame, masks: dict) -> list[dict]:
@@ -36,6 +30,19 @@ def role_survival(roles: pd.DataFrame, masks: dict) -> list[dict]:
         rows.append({"λ": lam, "kept": len(alive), "role heads kept": int(alive["role"].sum()),
                      "share among kept": alive["role"].mean() if len(alive) else float("nan")})
     return sorted(rows, key=lambda r: r["λ"]), enc["role"].mean()
+
+
+def survival_test(found: dict, key: str, roles: pd.DataFrame, masks: dict, columns: list, role: str) -> None:
+    """Voita et al.'s finding on one sweep: do the gated heads with a role stay open at more of its λ?"""
+    test = role_survival_test(roles, masks, columns)
+    if test["p_value"] is None:
+        print(f"  do heads with {role} survive longer? not testable: {test['role_heads']} of "
+              f"{test['role_heads'] + test['other_heads']} gated heads have one")
+        return
+    found[key] = test["p_value"]
+    print(f"  do heads with {role} survive longer (Voita et al.)? open at {test['mean_open_role']:.2f} of the "
+          f"{len(test['lambdas'])} λ > 0 on average, against {test['mean_open_other']:.2f} for the "
+          f"{test['other_heads']} heads without: p = {test['p_value']:.4f} (permutation test of the roles)")
 
 
 def main(demo: Path) -> None:
@@ -54,7 +61,7 @@ def main(demo: Path) -> None:
     analyzed = json.loads((demo / "analyze" / "metrics.json").read_text())
     for role in ROLES:
         found[f"{role}_heads"] = analyzed[f"{role}_heads"]
-    masks = voita_masks(sorted(p.parent for p in (demo / "voita").glob("*/metrics.json")))
+    masks = sweep_masks(demo / "voita")
     survival, share_all = role_survival(roles, masks)
 
     print("\n== hprune demo: summary")
@@ -99,15 +106,13 @@ def main(demo: Path) -> None:
     for row in survival:
         print(f"  λ = {row['λ']:g}: {row['kept']} heads kept, {row['role heads kept']} with a role "
               f"({row['share among kept']:.0%})")
-    test = role_survival_test(roles[roles["type"] == "enc-self"], masks, list(ROLES))
-    if test["p_value"] is None:
-        print(f"  do heads with a role survive longer? not testable: {test['role_heads']} of "
-              f"{test['role_heads'] + test['other_heads']} gated heads have a role")
-    else:
-        found["role_survival_p"] = test["p_value"]
-        print(f"  do heads with a role survive longer (Voita et al.)? open at {test['mean_open_role']:.2f} of the "
-              f"{len(test['lambdas'])} λ > 0 on average, against {test['mean_open_other']:.2f} for the "
-              f"{test['other_heads']} heads without one: p = {test['p_value']:.4f} (permutation test of the roles)")
+    survival_test(found, "role_survival_p", roles[roles["type"] == "enc-self"], masks, list(ROLES), "a role")
+    dec_enc_masks = sweep_masks(demo / "voita_dec_enc")
+    if dec_enc_masks and analyzed.get("alignment_heads") is not None:
+        print("Voita's gates on the encoder-decoder heads: " + ", ".join(
+            f"λ = {lam:g} keeps {sum(map(sum, mask['dec-enc']))}" for lam, mask in sorted(dec_enc_masks.items())))
+        survival_test(found, "alignment_survival_p", roles[roles["type"] == "dec-enc"], dec_enc_masks,
+                      ["alignment"], "an alignment role")
     print("expected (README, spread over seeds):")
     for key, (low, high) in expected["ranges"].items():
         value = found.get(key)

@@ -1,10 +1,12 @@
 """Roles on constructed attention maps, one per attention type, and the alignment error rate by hand."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from hprune.analysis.alignment import AlignmentStats, aer, head_links, read_pharaoh, word_ids
+from hprune.analysis.alignment import (AlignmentStats, aer, eflomal_alignments, head_links, pharaoh_lines, read_pharaoh,
+                                       word_ids, word_texts)
 from hprune.analysis.roles import PreviousTokenStats, RoleStats
 from hprune.errors import UserError
 
@@ -85,3 +87,25 @@ def test_decoder_self_attention_positional_on_constructed_maps():
     table = stats.table()
     assert table["positional_prev"].tolist() == pytest.approx([1.0, 0.0])
     assert table["positional"].tolist() == [True, False]
+
+
+def test_word_texts_join_pieces_as_the_word_ids_count_them():
+    assert word_texts(["ba@@", "ko", "the", "Dos@@", "kal@@", "mek"], "subword_nmt") == ["bako", "the", "Doskalmek"]
+    assert word_texts(["\u2581ba", "ko", "\u2581the"], "sentencepiece") == ["bako", "the"]
+    assert word_texts(["ba@@", "ko"], None) == ["ba@@", "ko"]  # no subwords: every token a word
+
+
+def test_eflomal_finds_a_known_alignment_and_pharaoh_text_reads_back(tmp_path):
+    """A lexicon of 30 words translated one to one, the target in reverse order: eflomal, run on 600 sentences,
+    should link word i of a 6-word sentence to target word 5 - i."""
+    pytest.importorskip("eflomal")
+    rng = np.random.default_rng(0)
+    source = [[f"w{k}" for k in rng.choice(30, size=6, replace=False)] for _ in range(600)]
+    target = [[f"t{word[1:]}" for word in reversed(sentence)] for sentence in source]
+    found = eflomal_alignments(source, target, sentences=50)
+    assert len(found) == 50 and all(sure <= possible for sure, possible in found)
+    gold = {(i, 5 - i) for i in range(6)}
+    total = sum(aer(sure, gold, gold) for sure, _ in found) / len(found)
+    assert total < 0.05, total
+    (tmp_path / "found.align").write_text(pharaoh_lines(found))
+    assert read_pharaoh(tmp_path / "found.align") == found

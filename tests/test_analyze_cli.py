@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
 from conftest import SMALL_DATA, hprune
+from hprune.analysis.alignment import read_pharaoh
 from test_cli import assert_one_line_error
 
 pytest.importorskip("fairseq")
@@ -72,7 +74,7 @@ def test_alignment_heads_on_a_head_forced_along_the_gold_alignment(trained_run, 
     alignment head with AER 0, the best one, and dump its maps as they were."""
     from bertviz import model_view
 
-    from hprune.analysis.alignment import read_pharaoh, word_ids
+    from hprune.analysis.alignment import word_ids
     from hprune.analysis.attention_maps import bertviz_inputs
     from hprune.session import Session
 
@@ -123,7 +125,6 @@ def test_alignment_heads_on_a_head_forced_along_the_gold_alignment(trained_run, 
     assert metrics["attention_maps"] == 100 and metrics["dec_self_positional_heads"] is not None
 
     # the dump: numpy arrays of the documented shapes, softmax rows, the forced head as it was forced
-    import numpy as np
     maps = np.load(out / "attention" / "0.npz")
     source, target = len(maps["source_tokens"]), len(maps["target_tokens"])
     assert maps["enc_self"].shape == (3, 4, source, source) and maps["dec_self"].shape == (3, 4, target, target)
@@ -164,3 +165,24 @@ def test_alignments_bad_input(trained_run, tmp_path):
     assert_one_line_error(hprune("analyze", *args, f"alignments={tmp_path / 'bad.align'}", check=False),
                           "bad.align:1: 'x' is not a Pharaoh link")
     assert not (tmp_path / "run" / "head_roles.csv").exists()
+
+
+def test_eflomal_reference_alignments_agree_with_the_gold_ones(trained_run, tmp_path):
+    """alignments=eflomal: the aligner run on the split (with the training sentences), its links written to the
+    run dir and used as the reference; against the generator's gold alignments, a second source of truth, its
+    sure links are nearly all right."""
+    pytest.importorskip("eflomal")
+    out = tmp_path / "run"
+    hprune("analyze", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", "lrp=false",
+           "alignments=eflomal")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["alignments_source"] == "eflomal" and Path(metrics["alignments"]) == out / "reference.align"
+    found = read_pharaoh(out / "reference.align")
+    gold = read_pharaoh(Path(metrics["data_bin"]).parent / "raw" / "valid.align")  # the generator's
+    assert len(found) == len(gold) == 100
+    counts = np.zeros(4)  # |A|, |A ∩ S|, |A ∩ P|, |S|: eflomal's sure links scored against the gold ones
+    for (sure, _), (gold_sure, gold_possible) in zip(found, gold):
+        counts += (len(sure), len(sure & gold_sure), len(sure & gold_possible), len(gold_sure))
+    assert 1 - (counts[1] + counts[2]) / (counts[0] + counts[3]) < 0.2
+    roles = pd.read_csv(out / "head_roles.csv")
+    assert roles[roles["type"] == "dec-enc"]["alignment_aer"].between(0, 1).all()

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hprune.analysis.survival import permutation_p, role_survival_test, survival
+from hprune.analysis.survival import permutation_p, pooled_survival_test, role_survival_test, survival
 
 
 def roles_of(flags):
@@ -47,3 +47,20 @@ def test_many_heads_fall_back_to_random_labellings():
     labels[:20] = True
     values[:20] += 2  # the role heads survive longer
     assert permutation_p(values, labels, 2000, 1) <= 1 / 2001 + 1e-12  # C(60, 20) labellings: sampled
+
+
+def test_pooled_test_permutes_within_each_model():
+    """Model A: survival (0, 1), head 1 has the role; model B: (2, 3), head 3. Within-model relabellings are 4,
+    of which only the observed one reaches its difference (1+3)/2 - (0+2)/2 = 1: p = 1/4. Pooling the heads
+    without strata would also count {2, 3} (difference 2): 2/6."""
+    def study(open_until, flags):
+        lambdas = [1.0, 2.0, 4.0]
+        masks = {lam: {"enc-self": [[int(o > i) for o in open_until]]} for i, lam in enumerate(lambdas)}
+        return roles_of(flags), masks
+
+    studies = [study([0, 1], [False, True]), study([2, 3], [False, True])]
+    found = pooled_survival_test(studies, ["positional"], resamples=20_000, seed=3)
+    assert (found["models"], found["role_heads"], found["other_heads"]) == (2, 2, 2)
+    assert (found["mean_open_role"], found["mean_open_other"], found["difference"]) == (2.0, 1.0, 1.0)
+    assert found["p_value"] == pytest.approx(0.25, abs=0.015)
+    assert pooled_survival_test([study([0, 1], [False, False])], ["positional"])["p_value"] is None

@@ -1,11 +1,18 @@
 """The synthetic task: deterministic, and built with the properties the head roles rely on."""
 import collections
+import hashlib
 import json
 from dataclasses import replace
 
+import pytest
+
 from hprune.data.toy import (
+    AGREEMENT_MARKS,
     ARC_LABELS,
+    CASE_WORDS,
+    CODE_WORDS,
     CONTINUATION,
+    NEIGHBOUR_MARKS,
     OBJECT_PARTICLE,
     SUBJECT_PARTICLE,
     ToyParams,
@@ -136,28 +143,66 @@ def test_gold_alignments_link_each_word_to_its_translation():
             {SUBJECT_PARTICLE, OBJECT_PARTICLE}  # only the particles are unaligned
 
 
-def test_the_role_levers_mark_what_they_promise():
-    marked = replace(SMALL, left_context=True, object_agreement=True)
+def _words(pieces: list) -> list:
+    """The pieces grouped by word."""
+    words = [[]]
+    for piece in pieces:
+        words[-1].append(piece)
+        if not piece.endswith(CONTINUATION):
+            words.append([])
+    return words[:-1]
+
+
+def _neighbour_mark(token: str) -> str:  # the generator's rule, restated: md5 of the token, mod the letters
+    return NEIGHBOUR_MARKS[int(hashlib.md5(token.encode()).hexdigest()[:8], 16) % len(NEIGHBOUR_MARKS)]
+
+
+@pytest.mark.parametrize("offset", [-1, 1])
+def test_the_role_levers_mark_what_they_promise(offset):
+    marked = replace(SMALL, mark_offset=offset, object_agreement=True)
     plain, levers = generate(SMALL)["train"][:200], generate(marked)["train"][:200]
     lexicon = build_lexicon(marked)
     verbs = [src for src, _ in lexicon.verbs]
     for before, after in zip(plain, levers):
-        assert after.source == before.source and after.alignment == before.alignment  # only the target is marked
-        words, source = join_pieces(after.target), join_pieces(before.source)
+        assert after.source == before.source  # the source is the same; the target marked, the particles translated
+        words, source, plain_words = join_pieces(after.target), join_pieces(before.source), join_pieces(before.target)
         starts = [i for i, p in enumerate(before.source) if i == 0 or not before.source[i - 1].endswith(CONTINUATION)]
-        for i, j in before.alignment:
-            plain_word = join_pieces(before.target)[j]
-            if plain_word == source[i]:  # a copied name is left as it is
-                assert words[j] == plain_word
-                continue
-            left = before.source[starts[i] - 1] if starts[i] else ""
-            assert words[j].startswith(plain_word) and words[j][len(plain_word)] == "rst"[sum(map(ord, left)) % 3]
+        ends = [start - 1 for start in starts[1:]] + [len(before.source) - 1]
+
+        def mark(position):
+            return _neighbour_mark(before.source[position] if 0 <= position < len(before.source) else "</s>")
+
         (_, verb, obj), = [a for a in before.arcs if a[0] == "dobj"]
-        obj_i = [k for k, start in enumerate(starts) if start <= obj][-1]
-        if source[obj_i] not in {"".join(n).replace(CONTINUATION, "") for n in lexicon.names}:
-            j = next(j for i, j in before.alignment if i == obj_i)
-            verb_src = tuple(before.source[-2:])
-            assert words[j][-1] == "qwy"[verbs.index(verb_src) % 3]
+        object_noun = [k for k, start in enumerate(starts) if start <= obj][-1]
+        plain_of = dict(before.alignment)
+        assert sorted(i for i, _ in after.alignment) == list(range(len(source)))  # every word once, particles too
+        for i, j in after.alignment:
+            if source[i] in (SUBJECT_PARTICLE, OBJECT_PARTICLE):
+                assert words[j] == CASE_WORDS[source[i]] + mark(starts[i] + offset)
+            elif plain_words[plain_of[i]] == source[i]:  # a copied name: each piece marked by its neighbour piece
+                assert words[j] == "".join(before.source[k].replace(CONTINUATION, "") + mark(k + offset)
+                                           for k in range(starts[i], ends[i] + 1))
+            else:
+                expected = plain_words[plain_of[i]] + mark(starts[i] - 1 if offset < 0 else ends[i] + 1)
+                if i == object_noun:  # agreement with the verb, along the dobj arc
+                    expected += AGREEMENT_MARKS[verbs.index(tuple(before.source[-2:])) % len(AGREEMENT_MARKS)]
+                assert words[j] == expected
+
+
+def test_the_word_levers_change_the_pieces_only():
     shared = build_lexicon(replace(SMALL, shared_pieces=True))
     stems, endings = ({src[k] for nouns in shared.nouns for src, _ in nouns} for k in (0, 1))
     assert {s.replace(CONTINUATION, "") for s in stems} & endings  # one inventory, either place
+    pieces, whole = generate(SMALL)["test"], generate(replace(SMALL, whole_words=True))["test"]
+    for before, after in zip(pieces, whole):
+        assert join_pieces(after.source) == join_pieces(before.source) and after.target == before.target
+        names = {w for w in join_pieces(before.target) if w[0].isupper()}
+        assert all(len(w) == 1 or "".join(w).replace(CONTINUATION, "") in names
+                   for w in _words(after.source))  # one piece a word, names aside
+    coded, lexicon = generate(replace(SMALL, code_length=5))["test"], build_lexicon(replace(SMALL, code_length=5))
+    assert _words(coded[0].source)[:-2] == _words(pieces[0].source)  # the code comes after the sentence
+    for after in coded:
+        source, target = _words(after.source), _words(after.target)
+        assert [w[0] for w in (source[-2], target[-2])] == list(CODE_WORDS) and source[-1] == target[-1]  # copied
+        assert 2 <= len(source[-1]) <= 5 and {p.replace(CONTINUATION, "") for p in source[-1]} <= set(lexicon.code_pieces)
+        assert after.alignment[-2:] == [(len(source) - 2, len(target) - 2), (len(source) - 1, len(target) - 1)]

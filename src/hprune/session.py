@@ -280,7 +280,11 @@ class Session:
 
     def source_tokens(self, split: str) -> list[list[str]]:
         """The source side of a split as the model's tokens (no eos), in sentence order."""
-        return [source for source, _ in backend.split_symbols(self.loaded, split, self.cfg.max_tokens)]
+        return [source for source, _ in self.sentence_pairs(split)]
+
+    def sentence_pairs(self, split: str, limit: Optional[int] = None) -> list[tuple[list[str], list[str]]]:
+        """The first `limit` (default: all) sentences of a split as (source, target) tokens, in sentence order."""
+        return backend.split_symbols(self.loaded, split, limit)
 
     def subword_files(self) -> list[Path]:
         """The files that turn text into the model's tokens (the data kind's: a published or imported model's

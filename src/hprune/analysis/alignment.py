@@ -68,6 +68,37 @@ def word_ids(pieces: Sequence[str], post_process: Optional[str]) -> List[int]:
     return ids
 
 
+def word_texts(pieces: Sequence[str], post_process: Optional[str]) -> List[str]:
+    """The words the pieces join into (their subword marks removed): the tokenized text."""
+    joined: List[str] = []
+    for piece, word in zip(pieces, word_ids(pieces, post_process)):
+        text = piece.replace("\u2581", "") if post_process == "sentencepiece" else \
+            piece[:-2] if post_process == "subword_nmt" and piece.endswith("@@") else piece
+        joined[word:] = [joined[word] + text] if word < len(joined) else [text]
+    return joined
+
+
+def eflomal_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequence[str]],
+                       sentences: int) -> List[Tuple[Links, Links]]:
+    """Reference alignments of the first `sentences` word sequences, from eflomal (Östling & Tiedemann 2016)
+    run on all of them (the rest give it statistics): sure links where its forward and reverse alignments
+    agree, possible links where either has one (S ⊆ P, as AER wants). eflomal seeds its samplers from
+    /dev/urandom: two runs differ a little."""
+    try:
+        import eflomal
+    except ImportError:
+        raise UserError("alignments=eflomal needs eflomal: pip install eflomal (or `make install`, which does)") \
+            from None
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        forward, reverse = Path(folder) / "forward", Path(folder) / "reverse"
+        eflomal.Aligner().align([" ".join(w) + "\n" for w in source], [" ".join(w) + "\n" for w in target],
+                                links_filename_fwd=str(forward), links_filename_rev=str(reverse))
+        directions = [read_pharaoh(path)[:sentences] for path in (forward, reverse)]
+    return [(f[0] & r[0], f[0] | r[0]) for f, r in zip(*directions)]
+
+
 def head_links(weights: torch.Tensor, source_words: Sequence[int], target_words: Sequence[int]) -> List[Links]:
     """weights: (heads, target pieces + EOS, source pieces + EOS) of one sentence; each head's word links."""
     argmax = weights[:, :len(target_words)].argmax(-1).tolist()  # the EOS row aligns nothing
@@ -103,3 +134,9 @@ class AlignmentStats:
                               "alignment_share": self.hits[:-1] / max(self.words, 1)})
         table["alignment"] = table["alignment_aer"] <= max_aer
         return table, float(rates[-1]) if self.num_heads else float("nan")
+
+
+def pharaoh_lines(alignments: Sequence[Tuple[Links, Links]]) -> str:
+    """Pharaoh text of (sure, possible) links: `i-j` sure, `i?j` possible only; read back by read_pharaoh."""
+    return "".join(" ".join([f"{i}-{j}" for i, j in sorted(sure)] + [f"{i}?{j}" for i, j in sorted(possible - sure)])
+                   + "\n" for sure, possible in alignments)

@@ -5,18 +5,29 @@ of Voita's gates on the same model. A head's survival is the number of the sweep
 (masks need not be nested from one λ to the next, so no single "closing λ" is assumed). The statistic is the
 mean survival of the heads with a role minus that of the gated heads without one. Its p-value (one-sided: role
 heads survive longer) comes from a permutation test of the role labels over the gated heads, exact (every
-labelling) when there are at most EXACT_LIMIT labellings, else from `resamples` random ones.
+labelling) when there are at most EXACT_LIMIT labellings, else from `resamples` random ones. Over several models
+(training seeds), `pooled_survival_test` permutes the labels within each model, so that a model whose gates all
+close early weighs on neither side.
 """
 from __future__ import annotations
 
+import json
 from itertools import combinations
 from math import comb
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 import numpy as np
 import pandas as pd
 
 EXACT_LIMIT = 200_000
+
+
+def sweep_masks(sweep_dir: Path) -> Dict[float, dict]:
+    """{λ: head mask} of the Voita runs of a sweep (its job folders)."""
+    runs = sorted(path.parent for path in Path(sweep_dir).glob("*/metrics.json"))
+    return {json.loads((run / "metrics.json").read_text())["l0_lambda"]: json.loads((run / "head_mask.json").read_text())
+            for run in runs}
 
 
 def survival(masks: Dict[float, dict], heads: Sequence[tuple]) -> np.ndarray:
@@ -60,4 +71,41 @@ def role_survival_test(roles: pd.DataFrame, masks: Dict[float, dict], role_colum
                   mean_open_other=round(float(open_at[~has_role].mean()), 4))
     result["difference"] = round(result["mean_open_role"] - result["mean_open_other"], 4)
     result["p_value"] = round(permutation_p(open_at.astype(float), has_role, resamples, seed), 4)
+    return result
+
+
+def pooled_survival_test(studies: List[tuple], role_columns: List[str], resamples: int = 10_000,
+                         seed: int = 12345) -> dict:
+    """studies: (roles, masks) per model, as role_survival_test takes them. The statistic: the mean survival of
+    all role heads minus that of all other heads; its one-sided p from `resamples` relabellings, each permuting
+    the labels within every model."""
+    values, labels, strata = [], [], []
+    for stratum, (roles, masks) in enumerate(studies):
+        heads = list(roles[["type", "layer", "head"]].itertuples(index=False, name=None))
+        columns = [c for c in role_columns if c in roles]
+        labels.append(roles[columns].fillna(False).astype(bool).any(axis=1).to_numpy() if columns
+                      else np.zeros(len(roles), bool))
+        values.append(survival(masks, heads).astype(float))
+        strata.append(np.full(len(roles), stratum))
+    values, labels, strata = np.concatenate(values), np.concatenate(labels), np.concatenate(strata)
+    result = {"models": len(studies), "role_heads": int(labels.sum()), "other_heads": int((~labels).sum()),
+              "mean_open_role": None, "mean_open_other": None, "difference": None, "p_value": None}
+    if not labels.any() or labels.all():
+        return result
+
+    def difference(chosen: np.ndarray) -> float:
+        return values[chosen].mean() - values[~chosen].mean()
+
+    observed = difference(labels)
+    rng = np.random.default_rng(seed)
+    groups = [np.flatnonzero(strata == s) for s in range(len(studies))]
+    hits = 0
+    for _ in range(resamples):
+        shuffled = labels.copy()
+        for group in groups:
+            shuffled[group] = rng.permutation(labels[group])
+        hits += difference(shuffled) >= observed - 1e-12
+    result.update(mean_open_role=round(float(values[labels].mean()), 4),
+                  mean_open_other=round(float(values[~labels].mean()), 4),
+                  difference=round(float(observed), 4), p_value=round((1 + hits) / (1 + resamples), 4))
     return result

@@ -130,20 +130,19 @@ def sampled_batches(loaded: Loaded, split: str, sentences: int, batch_size: int,
     return batches
 
 
-def split_symbols(loaded: Loaded, split: str, max_tokens: int = 4096) -> List[Tuple[List[str], List[str]]]:
-    """Each sentence of a binarized split as (source, target) symbols of the model's dictionaries, without eos
-    or padding, in sentence-id order: the tokens another runtime (CTranslate2) is given."""
+def split_symbols(loaded: Loaded, split: str, limit: Optional[int] = None) -> List[Tuple[List[str], List[str]]]:
+    """The first `limit` (default: all) sentences of a binarized split as (source, target) symbols of the model's
+    dictionaries, without eos or padding, in sentence-id order: the tokens another runtime (CTranslate2) or a
+    word aligner is given."""
     source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
+    load_split(loaded, split)
+    dataset = loaded.task.dataset(split)
 
     def symbols(ids, dictionary) -> List[str]:
-        return [dictionary[t] for t in ids if t not in (dictionary.pad(), dictionary.eos())]
+        return [dictionary[t] for t in ids.tolist() if t not in (dictionary.pad(), dictionary.eos())]
 
-    sentences = {}
-    for sample in batches(loaded, split, max_tokens):
-        for i, src, tgt in zip(sample["id"].tolist(), sample["net_input"]["src_tokens"].tolist(),
-                               sample["target"].tolist()):
-            sentences[i] = (symbols(src, source), symbols(tgt, target))
-    return [sentences[i] for i in sorted(sentences)]
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    return [(symbols(dataset.src[i], source), symbols(dataset.tgt[i], target)) for i in range(count)]
 
 
 def load_split(loaded: Loaded, split: str) -> None:

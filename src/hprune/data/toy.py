@@ -20,7 +20,10 @@ they do on real, subword-level language:
 * amod / advmod / dobj / nsubj relations, written as gold arcs between token positions (a word is its last
   piece) for every source sentence;
 * gold word alignments (raw/<split>.align, Pharaoh `i-j`): each determiner, noun, adjective, name, adverb and
-  verb to its translation; the case particles have none.
+  verb to its translation; the case particles have none (with mark_offset they are translated, and aligned).
+
+Opt-in levers, off by default, meant to make encoder heads specialise (docs/data.md): mark_offset,
+whole_words, code_length, shared_pieces, object_agreement.
 
 The text in raw/ is words (the references, as BLEU sees them); the pieces the model reads are in pieces/.
 Every word is a pseudo-word made from syllables, so no real language leaks in. Same parameters, same corpus,
@@ -43,7 +46,10 @@ SRC, TGT = "src", "tgt"
 ARC_LABELS = ("nsubj", "dobj", "amod", "advmod")  # the relations of the gold arcs (raw/<split>.arcs.jsonl)
 SUBJECT_PARTICLE, OBJECT_PARTICLE = "ga", "wo"  # case markers after each noun phrase: they, not the order, say who
 CONTINUATION = "@@"  # subword-nmt's mark on every piece but a word's last (fairseq --post-process subword_nmt)
-LEFT_MARKS, AGREEMENT_MARKS = "rst", "qwy"  # the letters of left_context and object_agreement
+NEIGHBOUR_MARKS, AGREEMENT_MARKS = "bcdfghjklmnpqrstvxz", "qwy"  # the letters of mark_offset and object_agreement
+# with mark_offset the particles are translated too; vowel-initial, so no generated pseudo-word is one
+CASE_WORDS = {SUBJECT_PARTICLE: "an", OBJECT_PARTICLE: "ot"}
+CODE_WORDS = ("id", "ud")  # with code_length: the word before a code, and its translation (vowel-initial too)
 
 Word = tuple  # a word's pieces, continuation marks included: ("ba@@", "ko")
 
@@ -67,9 +73,11 @@ class ToyParams:
     max_adjectives: int = 2
     p_adverb: float = 0.5
     p_object_first: float = 0.5  # source order object-subject-verb instead of subject-object-verb
-    left_context: bool = False  # every translated word (names aside) is marked by the source token before it
+    mark_offset: int = 0  # -1 / +1: every source token's translation is marked by its left / right neighbour
+    whole_words: bool = False  # content words are one piece each (names stay in pieces)
     shared_pieces: bool = False  # a content word's two pieces come from one inventory (n_stems), in either place
     object_agreement: bool = False  # the object noun's translation agrees with the verb (its class)
+    code_length: int = 0  # N > 1: every sentence ends with "id" and a code of 2..N pieces drawn from the stems
 
 
 @dataclass
@@ -79,6 +87,7 @@ class Lexicon:
     verbs: list[tuple[Word, list[str]]]  # source pieces, target form per subject class
     adverbs: list[tuple[Word, str]]
     names: list[Word]
+    code_pieces: list[str]  # the stems, without continuation marks
 
 
 _ONSETS = "b d f g k l m n p r s t v z".split()
@@ -128,6 +137,8 @@ def build_lexicon(params: ToyParams) -> Lexicon:
 
     def word(combo) -> Word:
         taken.add(stems[combo[0]] + endings[combo[1]])  # the joined word is unique too
+        if params.whole_words:
+            return (stems[combo[0]] + endings[combo[1]],)
         return stems[combo[0]] + CONTINUATION, endings[combo[1]]
 
     def translated(chosen, syllables: int) -> list:
@@ -148,7 +159,7 @@ def build_lexicon(params: ToyParams) -> Lexicon:
         if tuple(name) not in seen:
             seen.add(tuple(name))
             names.append(tuple(p + CONTINUATION for p in name[:-1]) + (name[-1],))
-    return Lexicon(nouns, adjectives, verbs, adverbs, names)
+    return Lexicon(nouns, adjectives, verbs, adverbs, names, stems)
 
 
 @dataclass
@@ -193,8 +204,12 @@ class _Generator:
         for role in (("obj", "subj") if object_first else ("subj", "obj")):
             src, tgt, noun_class, head, np_arcs, np_alignment = self.noun_phrase(
                 len(source), subject_name if role == "subj" else object_name)
+            particle = SUBJECT_PARTICLE if role == "subj" else OBJECT_PARTICLE
+            if p.mark_offset:  # the particle's translation follows its noun phrase's
+                np_alignment = np_alignment + [(len(join_pieces(src)), len(join_pieces(tgt)))]
+                tgt = tgt + [CASE_WORDS[particle]]
             words_of[role] = (len(join_pieces(source)), np_alignment)
-            source += src + [SUBJECT_PARTICLE if role == "subj" else OBJECT_PARTICLE]
+            source += src + [particle]
             arcs += np_arcs
             heads[role], target_of[role] = head, tgt
             if role == "subj":
@@ -219,27 +234,44 @@ class _Generator:
         if adverb:
             alignment.append((source_words - 2, target_start))
         alignment.append((source_words - 1, len(join_pieces(target)) - 1))  # the verb
-        if p.left_context or p.object_agreement:
+        if p.code_length:  # a code copied piece by piece: pieces repeat, only their order tells them apart
+            code = [rng.choice(lex.code_pieces) for _ in range(rng.randint(2, p.code_length))]
+            code = [piece + CONTINUATION for piece in code[:-1]] + code[-1:]
+            alignment += [(source_words, len(join_pieces(target))), (source_words + 1, len(join_pieces(target)) + 1)]
+            source, target = source + [CODE_WORDS[0]] + code, target + [CODE_WORDS[1]] + code
+        if p.mark_offset or p.object_agreement:
             obj_start = len(join_pieces(target_of["subj"])) if object_name is None else None  # its "le"
             target = self.inflect(source, target, alignment, obj_start, lex.verbs.index(verb))
         return Sentence(source, target, sorted(arcs, key=lambda a: (a[2], a[0])), sorted(alignment))
 
     def inflect(self, source: list, target: list, alignment: list, obj_start: int | None, verb: int) -> list:
-        """Marks that make roles needed: with left_context, each translated word (names aside) ends with a
-        letter naming the source token just before its source word (a look one token to the left, for nearly
-        every word); with object_agreement, the object noun also with its verb's class (along the dobj arc,
-        at a distance that varies with the order and the adverb)."""
+        """Marks meant to make roles needed: with mark_offset -1 (+1), every translated word ends with a letter
+        naming the source token just before (after) its source word, and every piece of a copied name with one
+        naming the piece before (after) it: a look one token aside for every query; with object_agreement, the
+        object noun's translation also ends with its verb's class (along the dobj arc, at a distance that
+        varies with the order and the adverb)."""
         starts = [i for i, piece in enumerate(source) if i == 0 or not source[i - 1].endswith(CONTINUATION)]
         spans = [i for i, piece in enumerate(target) if i == 0 or not target[i - 1].endswith(CONTINUATION)]
         words = [list(target[start:end]) for start, end in zip(spans, spans[1:] + [len(target)])]
-        if self.params.left_context:
+        offset = self.params.mark_offset
+        if offset:
+            ends = [start - 1 for start in starts[1:]] + [len(source) - 1]
             for i, j in alignment:
-                if len(words[j]) == 1 and source[starts[i]] != words[j][0]:  # a copied name keeps its pieces
-                    before = source[starts[i] - 1] if starts[i] else ""
-                    words[j][0] += LEFT_MARKS[sum(map(ord, before)) % len(LEFT_MARKS)]
+                # a copied name: each piece marked by its neighbour piece; a word: by the word's neighbour token
+                for k, piece in enumerate(words[j]):  # several pieces: a name
+                    position = (starts[i] + k if len(words[j]) > 1 else starts[i] if offset < 0 else ends[i]) + offset
+                    neighbour = source[position] if 0 <= position < len(source) else "</s>"
+                    mark = NEIGHBOUR_MARKS[_mark(neighbour) % len(NEIGHBOUR_MARKS)]
+                    stem = piece[:-len(CONTINUATION)] if piece.endswith(CONTINUATION) else piece
+                    words[j][k] = stem + mark + piece[len(stem):]
         if self.params.object_agreement and obj_start is not None:
             words[obj_start + 1][0] += AGREEMENT_MARKS[verb % len(AGREEMENT_MARKS)]
         return [piece for word in words for piece in word]
+
+
+def _mark(token: str) -> int:
+    """A token's mark number: the same on every machine (unlike hash())."""
+    return int(hashlib.md5(token.encode()).hexdigest()[:8], 16)
 
 
 def generate(params: ToyParams) -> dict[str, list[Sentence]]:
@@ -297,12 +329,17 @@ def params_of(data: DictConfig) -> ToyParams:
     least = {"n_train": 1, "n_valid": 1, "n_noun_classes": 1, "nouns_per_class": 1, "n_adjectives": 1, "n_verbs": 1,
              "n_adverbs": 1, "n_names": 1, "name_min_count": 1, "n_stems": 1, "n_endings": 1}  # others may be 0
     probabilities = ("p_adverb", "p_object_first")
+    if params.get("mark_offset", 0) not in (-1, 0, 1):
+        raise UserError(f"data.params.mark_offset={params['mark_offset']} must be -1 (left neighbour), 0 (none) or "
+                        "1 (right neighbour)")
     for key, value in params.items():
-        if key == "seed" or key in probabilities:
+        if key in ("seed", "mark_offset") or key in probabilities:
             continue
         if not isinstance(value, int) or value < least.get(key, 0):
             raise UserError(f"data.params.{key}={value} must be a whole number >= {least.get(key, 0)}; "
                             f"e.g. data.params.{key}={getattr(ToyParams, key)}")
+    if params.get("code_length", 0) == 1:
+        raise UserError("data.params.code_length=1: a code has 2 pieces or more; use 0 (no code) or 2 and up")
     if params.get("name_max_count", ToyParams.name_max_count) < params.get("name_min_count", ToyParams.name_min_count):
         raise UserError("data.params.name_max_count must be >= data.params.name_min_count")
     for key in probabilities:

@@ -17,7 +17,8 @@ import torch
 from omegaconf import DictConfig
 
 from ..analysis import attention_maps, relevance
-from ..analysis.alignment import AlignmentStats, read_pharaoh, word_ids
+from ..analysis.alignment import (AlignmentStats, eflomal_alignments, pharaoh_lines, read_pharaoh, word_ids,
+                                  word_texts)
 from ..analysis.attention_maps import KEYS
 from ..analysis.roles import PreviousTokenStats, RoleStats
 from ..errors import UserError
@@ -46,13 +47,32 @@ def rank_correlation(a: pd.Series, b: pd.Series) -> float:
 
 
 def read_alignments(cfg: DictConfig, session) -> tuple:
-    """Reference word alignments of cfg.split: alignments=FILE, else the data set's own (the synthetic task's
-    gold ones); (alignments or None, their file)."""
+    """Reference word alignments of cfg.split: alignments=FILE, alignments=eflomal (run here, written to the run
+    dir as reference.align), else the data set's own (the synthetic task's gold ones); (alignments or None,
+    their file, their source)."""
+    if cfg.alignments == "eflomal":
+        return (*eflomal_reference(cfg, session), "eflomal")
     path = Path(cfg.alignments) if cfg.alignments else session.data_bin.parent / "raw" / f"{cfg.split}.align"
     if cfg.alignments and not path.exists():
         raise UserError(f"alignments file {path} does not exist; pass alignments=<Pharaoh file: i-j links, one line "
-                        f"a sentence of {cfg.split}>")
-    return (read_pharaoh(path), path) if path.exists() else (None, path)
+                        f"a sentence of {cfg.split}> or alignments=eflomal")
+    return (read_pharaoh(path), path, "file" if cfg.alignments else "data set") if path.exists() else (None, path, None)
+
+
+def eflomal_reference(cfg: DictConfig, session) -> tuple:
+    """eflomal's alignments of cfg.split, aligned together with up to cfg.aligner_sentences training sentences
+    (a split of 400 sentences alone gives a statistical aligner too little to count)."""
+    pairs = session.sentence_pairs(cfg.split)
+    extra = []
+    if cfg.aligner_sentences and cfg.split != "train":
+        try:
+            extra = session.sentence_pairs("train", cfg.aligner_sentences)
+        except UserError:  # a model's own data set may hold test sets only: the split alone, then
+            pass
+    post_process = session.data.get("post_process")
+    source, target = ([word_texts(side, post_process) for side in sides] for sides in zip(*(pairs + extra)))
+    alignments = eflomal_alignments(source, target, len(pairs))
+    return alignments, write_atomic(run_dir() / "reference.align", pharaoh_lines(alignments))
 
 
 def analyze(cfg: DictConfig) -> dict:
@@ -64,7 +84,7 @@ def analyze(cfg: DictConfig) -> dict:
     # are not measured (a WMT test set has no parses) and say so
     arcs_path = Path(cfg.arcs) if cfg.arcs else session.data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl"
     arcs = read_arcs(arcs_path) if cfg.arcs or arcs_path.exists() else None
-    alignments, alignments_path = read_alignments(cfg, session)
+    alignments, alignments_path, alignments_source = read_alignments(cfg, session)
     mask = session.read_mask(cfg.mask) if cfg.mask else None
     pad, eos = session.pad, session.eos
     source_dict, target_dict = session.dictionaries
@@ -164,7 +184,7 @@ def analyze(cfg: DictConfig) -> dict:
     metrics.update({"split": cfg.split, "arcs": str(arcs_path) if arcs is not None else None,
                     "sentences_without_arcs": skipped_arcs if arcs is not None else None,
                     "alignments": str(alignments_path) if alignments is not None else None,
-                    "alignments_source": None if alignments is None else "file" if cfg.alignments else "data set",
+                    "alignments_source": alignments_source,
                     "rare_min_share": cfg.rare_min_share, "alignment_max_aer": cfg.alignment_max_aer,
                     "attention_maps": dumped, **session.provenance()})
     if mask is not None:
