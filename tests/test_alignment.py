@@ -5,8 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from hprune.analysis.alignment import (AlignmentStats, aer, eflomal_alignments, head_links, pharaoh_lines, read_pharaoh,
-                                       word_ids, word_texts)
+from hprune.analysis.alignment import (
+    AlignmentStats,
+    aer,
+    eflomal_alignments,
+    head_links,
+    pharaoh_lines,
+    read_pharaoh,
+    word_ids,
+    word_texts,
+)
 from hprune.analysis.roles import PreviousTokenStats, RoleStats
 from hprune.errors import UserError
 

@@ -17,8 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from ..analysis import attention_maps, relevance
-from ..analysis.alignment import (AlignmentStats, eflomal_alignments, pharaoh_lines, read_pharaoh, word_ids,
-                                  word_texts)
+from ..analysis.alignment import AlignmentStats, eflomal_alignments, pharaoh_lines, read_pharaoh, word_ids, word_texts
 from ..analysis.attention_maps import KEYS
 from ..analysis.roles import PreviousTokenStats, RoleStats
 from ..errors import UserError
