@@ -189,7 +189,7 @@ def test_the_role_levers_mark_what_they_promise(offset):
                 assert words[j] == expected
 
 
-def test_the_word_levers_change_the_pieces_only():
+def test_the_piece_levers_and_the_code():
     shared = build_lexicon(replace(SMALL, shared_pieces=True))
     stems, endings = ({src[k] for nouns in shared.nouns for src, _ in nouns} for k in (0, 1))
     assert {s.replace(CONTINUATION, "") for s in stems} & endings  # one inventory, either place
