@@ -50,7 +50,8 @@ def test_mask_gradients_equal_autograd_of_an_explicit_head_mask(loaded):
     ids = [i for sample in batches for i in sample["id"].tolist()]  # a batch is collated longest source first
     order = [ids.index(i) for sample in singles for i in sample["id"].tolist()]
     assert per_sentence.shape == (6, 36) and sorted(order) == list(range(6))
-    torch.testing.assert_close(per_sentence[order], one_at_a_time, rtol=1e-6, atol=1e-6)
+    # fp32 through padded and unpadded passes: sums in another order, so agreement to fp32 rounding, not bits
+    torch.testing.assert_close(per_sentence[order], one_at_a_time, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(per_sentence.view(2, 3, 36).sum(1) / torch.tensor([[float(nll(model, s, pad)[1])]
                                                                                   for s in batches]).double(),
                                grads, rtol=1e-5, atol=1e-8)  # a batch's mean: its sentences' sum over its tokens
