@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from hprune.analysis.survival import role_survival_test, sweep_masks
-
-ROLES = ("positional", "syntactic", "rare")
+from hprune.analysis.roles import ENCODER_ROLES
+from hprune.analysis.survival import has_role, role_survival_test, sweep_masks
 
 
 def role_survival(roles: pd.DataFrame, masks: dict) -> list[dict]:
     """Per λ: the share of role heads among the surviving encoder self-attention heads, and among all of them."""
     enc = roles[roles["type"] == "enc-self"].copy()
-    enc["role"] = enc[list(ROLES)].fillna(False).astype(bool).any(axis=1)
+    enc["role"] = has_role(enc, list(ENCODER_ROLES))
     rows = []
     for lam, mask in masks.items():
         alive = enc[[bool(mask["enc-self"][layer][head]) for layer, head in zip(enc["layer"], enc["head"])]]
@@ -59,7 +58,7 @@ def main(demo: Path) -> None:
     michel_vs_random = pairs[(pairs["method"] == "michel") & (pairs["versus"] == "random")].set_index("sparsity")
     roles = pd.read_csv(demo / "analyze" / "head_roles.csv")
     analyzed = json.loads((demo / "analyze" / "metrics.json").read_text())
-    for role in ROLES:
+    for role in ENCODER_ROLES:
         found[f"{role}_heads"] = analyzed[f"{role}_heads"]
     masks = sweep_masks(demo / "voita")
     survival, share_all = role_survival(roles, masks)
@@ -106,7 +105,7 @@ def main(demo: Path) -> None:
     for row in survival:
         print(f"  λ = {row['λ']:g}: {row['kept']} heads kept, {row['role heads kept']} with a role "
               f"({row['share among kept']:.0%})")
-    survival_test(found, "role_survival_p", roles[roles["type"] == "enc-self"], masks, list(ROLES), "a role")
+    survival_test(found, "role_survival_p", roles[roles["type"] == "enc-self"], masks, list(ENCODER_ROLES), "a role")
     dec_enc_masks = sweep_masks(demo / "voita_dec_enc")
     if dec_enc_masks and analyzed.get("alignment_heads") is not None:
         print("Voita's gates on the encoder-decoder heads: " + ", ".join(

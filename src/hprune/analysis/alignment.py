@@ -17,6 +17,7 @@ et al. 2019 read theirs from one layer's average).
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence, Set, Tuple
 
@@ -89,8 +90,6 @@ def eflomal_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequenc
     except ImportError:
         raise UserError("alignments=eflomal needs eflomal: pip install eflomal (or `make install`, which does)") \
             from None
-    import tempfile
-
     with tempfile.TemporaryDirectory() as folder:
         forward, reverse = Path(folder) / "forward", Path(folder) / "reverse"
         eflomal.Aligner().align([" ".join(w) + "\n" for w in source], [" ".join(w) + "\n" for w in target],

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 POSITIONAL_SHARE, SYNTACTIC_MARGIN = 0.9, 0.10
+ENCODER_ROLES = ("positional", "syntactic", "rare")  # the role columns of an encoder self-attention head
 
 
 @dataclass

@@ -53,24 +53,33 @@ def permutation_p(values: np.ndarray, labels: np.ndarray, resamples: int, seed: 
     return float((1 + np.sum(difference(sums) >= observed - 1e-12)) / (1 + resamples))
 
 
+def has_role(roles: pd.DataFrame, role_columns: List[str]) -> np.ndarray:
+    """Per row of head_roles.csv: has it any of the roles (columns measured; a blank one counts as no)?"""
+    columns = [c for c in role_columns if c in roles]
+    return roles[columns].fillna(False).astype(bool).any(axis=1).to_numpy() if columns else np.zeros(len(roles), bool)
+
+
+def _labelled_survival(roles: pd.DataFrame, masks: Dict[float, dict], role_columns: List[str]) -> tuple:
+    """(survival of each row's head, whether it has a role)."""
+    heads = list(roles[["type", "layer", "head"]].itertuples(index=False, name=None))
+    return survival(masks, heads).astype(float), has_role(roles, role_columns)
+
+
+def _result(open_at: np.ndarray, labels: np.ndarray, **extra) -> dict:
+    """The test's summary, its means filled only when there are heads on both sides (p is the caller's)."""
+    both = labels.any() and not labels.all()
+    role, other = (round(float(open_at[side].mean()), 4) if both else None for side in (labels, ~labels))
+    return {**extra, "role_heads": int(labels.sum()), "other_heads": int((~labels).sum()), "mean_open_role": role,
+            "mean_open_other": other, "difference": round(role - other, 4) if both else None, "p_value": None}
+
+
 def role_survival_test(roles: pd.DataFrame, masks: Dict[float, dict], role_columns: List[str],
                        resamples: int = 10_000, seed: int = 12345) -> dict:
-    """roles: head_roles.csv rows of the gated heads' types; masks: {λ: head mask} of the sweep. The heads
-    tested are those a mask of the sweep can close: the types the masks gate (any mask with a 0 there, or
-    the rows given)."""
-    heads = list(roles[["type", "layer", "head"]].itertuples(index=False, name=None))
-    columns = [c for c in role_columns if c in roles]
-    has_role = roles[columns].fillna(False).astype(bool).any(axis=1).to_numpy() if columns else np.zeros(len(roles), bool)
-    open_at = survival(masks, heads)
-    result = {"lambdas": sorted(lam for lam in masks if lam > 0), "role_heads": int(has_role.sum()),
-              "other_heads": int((~has_role).sum()), "mean_open_role": None, "mean_open_other": None,
-              "difference": None, "p_value": None}
-    if not has_role.any() or has_role.all():
-        return result  # nothing to compare
-    result.update(mean_open_role=round(float(open_at[has_role].mean()), 4),
-                  mean_open_other=round(float(open_at[~has_role].mean()), 4))
-    result["difference"] = round(result["mean_open_role"] - result["mean_open_other"], 4)
-    result["p_value"] = round(permutation_p(open_at.astype(float), has_role, resamples, seed), 4)
+    """roles: head_roles.csv rows of the gated heads' types; masks: {λ: head mask} of the sweep."""
+    open_at, labels = _labelled_survival(roles, masks, role_columns)
+    result = _result(open_at, labels, lambdas=sorted(lam for lam in masks if lam > 0))
+    if result["difference"] is not None:
+        result["p_value"] = round(permutation_p(open_at, labels, resamples, seed), 4)
     return result
 
 
@@ -79,33 +88,21 @@ def pooled_survival_test(studies: List[tuple], role_columns: List[str], resample
     """studies: (roles, masks) per model, as role_survival_test takes them. The statistic: the mean survival of
     all role heads minus that of all other heads; its one-sided p from `resamples` relabellings, each permuting
     the labels within every model."""
-    values, labels, strata = [], [], []
-    for stratum, (roles, masks) in enumerate(studies):
-        heads = list(roles[["type", "layer", "head"]].itertuples(index=False, name=None))
-        columns = [c for c in role_columns if c in roles]
-        labels.append(roles[columns].fillna(False).astype(bool).any(axis=1).to_numpy() if columns
-                      else np.zeros(len(roles), bool))
-        values.append(survival(masks, heads).astype(float))
-        strata.append(np.full(len(roles), stratum))
-    values, labels, strata = np.concatenate(values), np.concatenate(labels), np.concatenate(strata)
-    result = {"models": len(studies), "role_heads": int(labels.sum()), "other_heads": int((~labels).sum()),
-              "mean_open_role": None, "mean_open_other": None, "difference": None, "p_value": None}
-    if not labels.any() or labels.all():
+    per_model = [_labelled_survival(roles, masks, role_columns) for roles, masks in studies]
+    open_at, labels = (np.concatenate(side) for side in zip(*per_model))
+    result = _result(open_at, labels, models=len(studies))
+    if result["difference"] is None:
         return result
 
     def difference(chosen: np.ndarray) -> float:
-        return values[chosen].mean() - values[~chosen].mean()
+        return open_at[chosen].mean() - open_at[~chosen].mean()
 
     observed = difference(labels)
     rng = np.random.default_rng(seed)
-    groups = [np.flatnonzero(strata == s) for s in range(len(studies))]
+    bounds = np.cumsum([0] + [len(model_labels) for _, model_labels in per_model])
     hits = 0
     for _ in range(resamples):
-        shuffled = labels.copy()
-        for group in groups:
-            shuffled[group] = rng.permutation(labels[group])
+        shuffled = np.concatenate([rng.permutation(labels[a:b]) for a, b in zip(bounds, bounds[1:])])
         hits += difference(shuffled) >= observed - 1e-12
-    result.update(mean_open_role=round(float(values[labels].mean()), 4),
-                  mean_open_other=round(float(values[~labels].mean()), 4),
-                  difference=round(float(observed), 4), p_value=round((1 + hits) / (1 + resamples), 4))
+    result["p_value"] = round((1 + hits) / (1 + resamples), 4)
     return result

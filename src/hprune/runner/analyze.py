@@ -19,7 +19,8 @@ from omegaconf import DictConfig
 from ..analysis import attention_maps, relevance
 from ..analysis.alignment import AlignmentStats, eflomal_alignments, pharaoh_lines, read_pharaoh, word_ids, word_texts
 from ..analysis.attention_maps import KEYS
-from ..analysis.roles import PreviousTokenStats, RoleStats
+from ..analysis.roles import ENCODER_ROLES, PreviousTokenStats, RoleStats
+from ..analysis.survival import has_role
 from ..errors import UserError
 from ..files import run_dir, write_atomic
 from ..pruning import scores
@@ -27,7 +28,7 @@ from ..pruning.heads import moa_types
 from ..reporting import plots
 from . import hydra_app
 
-ROLES = ("positional", "syntactic", "rare", "alignment")
+ROLES = (*ENCODER_ROLES, "alignment")
 
 
 def read_arcs(path: Path) -> list:
@@ -193,9 +194,9 @@ def analyze(cfg: DictConfig) -> dict:
                 metrics[f"{_key(kind, role)}_heads_alive"] = int(heads["alive"].sum())
                 lines.append(f"{kind} {role}: {int(heads['alive'].sum())} of {len(heads)} survived the mask")
         enc = by_type["enc-self"]
-        measured = [role for role in ("positional", "syntactic", "rare") if role in enc and enc[role].notna().any()]
+        measured = [role for role in ENCODER_ROLES if role in enc and enc[role].notna().any()]
         if measured:
-            metrics["other_heads_alive"] = int(enc[~enc[measured].fillna(False).astype(bool).any(axis=1)]["alive"].sum())
+            metrics["other_heads_alive"] = int(enc[~has_role(enc, measured)]["alive"].sum())
     write_atomic(out / "summary.txt", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return metrics
