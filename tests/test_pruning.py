@@ -18,6 +18,7 @@ from hprune.pruning.heads import (  # noqa: E402
     check_layout,
     extend_pruned,
     heads_to_prune,
+    kept_columns,
     kept_ids,
     mask_without,
     max_prunable,
@@ -25,6 +26,7 @@ from hprune.pruning.heads import (  # noqa: E402
     per_stack_masks,
     present_heads,
     ranked,
+    read_mask,
 )
 
 
@@ -130,6 +132,24 @@ def test_choice_of_heads_respects_order_ties_and_layer_minimum():
     assert heads_to_prune(288, 10) == math.ceil(28.8) == 29
     assert michel_id(("dec-enc", 0, 3)) == "A:1:4"
     assert list(ranked(table)["rank"]) == list(range(8, 0, -1))
+
+
+def test_a_mask_that_removes_heads_holds_0_or_1_and_eval_runs_any_finite_value(tmp_path):
+    """read_mask: 0/1 (as ints or floats) for the verbs that remove heads; soft (eval): any finite number; what
+    is neither is one line naming the head and its value."""
+    shape = {"enc-self": [2, 2]}
+    path = tmp_path / "mask.json"
+    for value, hard, soft in ((1.0, [[1, 0], [1, 1]], [[1.0, 0], [1, 1]]), (0.5, None, [[0.5, 0], [1, 1]]),
+                              (2, None, [[2, 0], [1, 1]]), (-1, None, [[-1, 0], [1, 1]]),
+                              ("1", None, None), (True, None, None), (float("nan"), None, None)):
+        path.write_text(__import__("json").dumps({"enc-self": [[value, 0], [1, 1]]}))
+        for allowed, expected in ((False, hard), (True, soft)):
+            if expected is None:
+                with pytest.raises(UserError, match=r"mask=.* has .* for enc-self layer 0 head 0"):
+                    read_mask(path, shape, soft=allowed)
+            else:
+                assert read_mask(path, shape, soft=allowed) == {"enc-self": expected}
+    assert kept_columns({"enc-self": [[0.5, 0], [-1, 1]]}) == {"kept_enc_self": 3}  # heads that still compute
 
 
 def per_stack_counts(kept) -> dict:

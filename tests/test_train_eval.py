@@ -156,8 +156,9 @@ def test_model_head_mask_in_the_shared_schema(trained_run, evaluated_run):
 
 
 def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trained_run, evaluated_run, tmp_path):
-    """`hprune eval mask=head_mask.json` translates as the model with those heads masked does (no export); the
-    session's evaluation under a mask puts the previous mask back; a mask of another shape is one line."""
+    """`hprune eval mask=head_mask.json` translates as the model with those heads masked does (no export), a soft
+    value scaling its head; the session's evaluation under a mask puts the previous mask back; a mask of another
+    shape is one line."""
     from omegaconf import OmegaConf
 
     from hprune.pruning.heads import mask_without
@@ -172,13 +173,14 @@ def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trai
     loaded = backend_load(trained_run, Path(unmasked["data_bin"]))
     session = Session(cfg, cfg.data, loaded, Path(unmasked["data_bin"]))
     mask = mask_without(session.model, {("enc-self", 0, 1), ("dec-enc", 1, 0), ("dec-enc", 1, 3), ("dec-self", 2, 2)})
+    mask["dec-enc"][2][1] = 0.5  # a soft value: that head's output halved (eval runs it; an export refuses it)
     (tmp_path / "head_mask.json").write_text(json.dumps(mask))
     out = tmp_path / "eval"
     hprune("eval", f"ckpt={trained_run}", f"mask={tmp_path / 'head_mask.json'}", f"hydra.run.dir={out}",
            *SMALL_DATA, "device=cpu")
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["kept_enc_self"], metrics["kept_dec_self"], metrics["kept_dec_enc"]) == (11, 11, 10)
-    assert metrics["mask"] == str(tmp_path / "head_mask.json")
+    assert metrics["mask"] == str(tmp_path / "head_mask.json") and metrics["mask_soft"]
     ones = mask_without(session.model, ())
     session.set_mask(ones)
     result = session.evaluate(mask)

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import common  # noqa: F401  (first: its logging set-up keeps fairseq's import-time INFO lines off the console)
 import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 

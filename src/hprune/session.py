@@ -118,8 +118,8 @@ class Session:
     def n_params(self) -> int:
         return backend.count_parameters(self.model)
 
-    def read_mask(self, path: str | Path, key: str = "mask") -> Mask:
-        return read_mask(path, layout(self.model), key)
+    def read_mask(self, path: str | Path, key: str = "mask", soft: bool = False) -> Mask:
+        return read_mask(path, layout(self.model), key, soft)
 
     def fold_gates(self, mask: Optional[Mask]) -> Optional[Mask]:
         """A gated (Voita) or DSP checkpoint as `hprune prune` reads it out: each gated head that `mask` keeps
@@ -193,6 +193,19 @@ class Session:
         text = backend.symbols_to_text(self.loaded, self.data.post_process, self._detokenizer)
         lines = [text(symbols) for symbols in hypotheses]
         return lines, score(lines, self.references(split, len(lines)))
+
+    def score_pairs(self, pairs: list[tuple[list[str], list[str]]]) -> list[list[float]]:
+        """Teacher-forced log-probability of each target token (eos included) of (source, target) symbol pairs,
+        under the current mask."""
+        return backend.token_log_probs(self.loaded, pairs)
+
+    def translate_each(self, sources: list[list[str]], generation: DictConfig) -> list[list[str]]:
+        """Beam search of each source (symbols) on its own, under the current mask: its best hypothesis's symbols."""
+        return backend.translate_each(self.loaded, generation, sources, self.cfg.seed)
+
+    @property
+    def max_target_positions(self) -> int:
+        return self.model.max_decoder_positions()
 
     def references(self, split: str, sentences: int) -> list[str]:
         return read_references(self.data_bin.parent / "raw" / f"{split}.{self.data.tgt_lang}", sentences)

@@ -2,7 +2,8 @@
 
 Compared with the stock module it adds, in one place:
   * `head_mask`: 1 keeps a head and 0 drops it; applied to each head's output (the context vector) before
-    `out_proj`, so a dropped head contributes exactly nothing;
+    `out_proj`, so a dropped head contributes exactly nothing (a value in between scales it); the attention
+    weights returned are those of the heads it keeps, as a physically pruned module returns them;
   * `record_weights` / `record_outputs` / `record_contributions`: keep the last call's per-head attention weights,
     per-head outputs (for head roles and gradient importance; `head_outputs` stays in the autograd graph) and
     each head's share of the output (for mask tuning);
@@ -155,6 +156,12 @@ class HeadAttention(HeadUnits, MultiheadAttention):
             return out, None
         # stock layout: (heads, batch, tgt, src) per head, else the mean over heads (batch, tgt, src)
         weights = weights.float().transpose(0, 1)
+        if self.head_mask is not None:  # the heads it keeps, as a pruned module's (not a per-sentence mask)
+            keep = self.head_mask
+            if keep.dim() == 1:
+                weights = weights[keep.to(weights.device) != 0]
+                if weights.size(0) == 0:
+                    return out, None
         return out, (weights if need_head_weights else weights.mean(dim=0))
 
     @torch.jit.unused

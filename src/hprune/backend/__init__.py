@@ -8,7 +8,8 @@ runs here is what `fairseq-preprocess`, `fairseq-train` and `fairseq-generate` r
   distributed how many workers a training has, their fairseq flags, this node's workers started
               (each `python -m hprune.worker`)
   loading     open a checkpoint safely, export a physically pruned copy
-  generation  beam search and teacher-forced batches over a split, split losses
+  generation  beam search and teacher-forced batches over a split, split losses, sentences scored token by
+              token
   hf          Hugging Face translation models imported as fairseq model folders
   finetuning  optimizer steps with a head mask held fixed
 """
@@ -41,7 +42,9 @@ from .generation import (  # noqa: E402
     split_symbols,
     split_targets,
     symbols_to_text,
+    token_log_probs,
     translate,
+    translate_each,
 )  # noqa: E402
 from .hf import import_hf  # noqa: E402
 from .loading import (  # noqa: E402
@@ -70,5 +73,5 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",
            "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_checkpoint",
            "resolve_device", "sampled_batches", "split_loss",
-           "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "train", "train_argv",
-           "translate"]
+           "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "token_log_probs", "train", "train_argv",
+           "translate", "translate_each"]

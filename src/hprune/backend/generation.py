@@ -21,6 +21,7 @@ from .loading import Loaded
 @dataclass
 class Translations:
     hypotheses: List[str]  # by sentence id, post-processed as fairseq-generate's D- lines
+    symbols: List[List[str]]  # by sentence id, the same hypotheses as target symbols (no eos)
     sentences: int
     tokens: int
     seconds: float  # spent in beam search only, as fairseq-generate's own timer
@@ -71,6 +72,7 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
 
     timer = StopwatchMeter()
     hypotheses: dict[int, str] = {}
+    symbols: dict[int, List[str]] = {}
     with frozen_heap(), progress(f"translate {split}", len(dataset), "sent", leave=False) as bar:
         for sample in itr:
             sample = utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
@@ -87,11 +89,14 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
                 text = task.target_dictionary.string(best["tokens"].int().cpu(), cfg.common_eval.post_process,
                                                      extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
                 hypotheses[sample_id] = decode(text)
+                ids = best["tokens"].tolist()
+                symbols[sample_id] = [task.target_dictionary[t] for t in _without_eos(ids, generator.eos)]
             bar.advance(len(sample["id"]))
     missing = len(dataset) - len(hypotheses)
     if missing:
         raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")
-    return Translations([hypotheses[i] for i in range(len(dataset))], len(hypotheses), timer.n, timer.sum)
+    return Translations([hypotheses[i] for i in range(len(dataset))], [symbols[i] for i in range(len(dataset))],
+                        len(hypotheses), timer.n, timer.sum)
 
 
 def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
@@ -143,6 +148,61 @@ def split_symbols(loaded: Loaded, split: str, limit: Optional[int] = None) -> Li
 
     count = len(dataset) if limit is None else min(limit, len(dataset))
     return [(symbols(dataset.src[i], source), symbols(dataset.tgt[i], target)) for i in range(count)]
+
+
+@torch.no_grad()
+def token_log_probs(loaded: Loaded, pairs: List[Tuple[List[str], List[str]]], batch_size: int = 32) -> List[List[float]]:
+    """Teacher-forced log-probability of each target token (the final eos's included) of (source, target)
+    symbol pairs (no eos: both get one), under the model as it runs now (its head mask included), in batches;
+    an fp32 log-softmax whatever the model's precision."""
+    from fairseq.data import data_utils
+
+    source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
+    loaded.model.eval()
+    scored: List[List[float]] = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start:start + batch_size]
+        src = [_ids(source, s) for s, _ in chunk]
+        tgt = [_ids(target, t) for _, t in chunk]
+        net_input = {"src_tokens": data_utils.collate_tokens(src, source.pad(), source.eos(), left_pad=True),
+                     "src_lengths": torch.tensor([len(s) for s in src]),
+                     "prev_output_tokens": data_utils.collate_tokens(tgt, target.pad(), target.eos(), left_pad=False,
+                                                                     move_eos_to_beginning=True)}
+        lprobs = loaded.model.get_normalized_probs(loaded.model(**_on_device(loaded, net_input)), log_probs=True)
+        for b, ids in enumerate(tgt):
+            scored.append(lprobs[b, torch.arange(len(ids)), ids.to(lprobs.device)].float().tolist())
+    return scored
+
+
+@torch.no_grad()
+def translate_each(loaded: Loaded, gen: DictConfig, sources: List[List[str]], seed: int) -> List[List[str]]:
+    """Beam search of each source (symbols, no eos) on its own, with fairseq's generator and `gen`: translate()
+    without the batching, so that every sentence gets its own length limit. The best hypotheses as symbols."""
+    argv = [loaded.cfg.task.data, "--user-dir", PLUGIN_DIR, "--path", str(loaded.path), *generation_argv(gen, "test", seed)]
+    cfg = _generation_cfg(tuple(argv + (["--cpu"] if loaded.device == "cpu" else [])))
+    loaded.model.eval()
+    generator = loaded.task.build_generator([loaded.model], cfg.generation)
+    source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
+    hypotheses = []
+    for symbols in sources:
+        ids = _ids(source, symbols).unsqueeze(0)
+        sample = {"net_input": {"src_tokens": ids, "src_lengths": torch.tensor([ids.size(1)])}}
+        best = loaded.task.inference_step(generator, [loaded.model], _on_device(loaded, sample))[0][0]["tokens"].tolist()
+        hypotheses.append([target[t] for t in _without_eos(best, target.eos())])
+    return hypotheses
+
+
+def _without_eos(ids: List[int], eos: int) -> List[int]:
+    return ids[:-1] if ids[-1:] == [eos] else ids
+
+
+def _ids(dictionary, symbols: List[str]) -> torch.Tensor:
+    return torch.tensor([dictionary.index(w) for w in symbols] + [dictionary.eos()])
+
+
+def _on_device(loaded: Loaded, sample: dict) -> dict:
+    from fairseq import utils
+    return utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
 
 
 def load_split(loaded: Loaded, split: str) -> None:

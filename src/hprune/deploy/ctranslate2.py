@@ -12,13 +12,26 @@ Written from the model's modules, not through CTranslate2's fairseq converter (w
 `hprune_transformer` architecture): pre/post-norm per side, activation, embedding scale, shared or separate
 embeddings, layernorm_embedding, the position tables as weights (fairseq's, learned, or Marian's sinusoids),
 Marian's decoder start vector and output bias, and the vocabularies in the model's order.
+
+The attention CTranslate2 returns (`return_attention`, and `replace_unknowns` through it) is fairseq's: the last
+decoder layer's cross-attention averaged over the heads that layer keeps.
+
+The export is checked against hprune (`check_parity`): the log-probabilities it gives reference translations
+(those of hprune's model, as fp32 rounding allows), and its beam search against fairseq's, where the two
+runtimes differ by design in two places only: at the length limit (fairseq forces and scores an end of sentence
+there, CTranslate2 stops without one, and fairseq applies its batch's longest limit to every sentence of the
+batch) and in how eos is kept out of the first `min_len` steps (CTranslate2 masks it before the softmax, so the
+other tokens' probabilities are renormalised; fairseq after, so they are not: the hypotheses' scores shift, by
+a constant at min_len 1 and by one that depends on the prefix beyond, which can change the pick and the search).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from ..errors import UserError
 
@@ -106,6 +119,17 @@ def _attention(spec, module, heads: int, self_attention: bool) -> None:
     _linear(spec.linear[-1], out, module.out_proj.bias)
 
 
+def alignment(decoder) -> Tuple[int, int]:
+    """(layer, heads): the decoder layer whose cross-attention CTranslate2 returns and how many of its first
+    heads it averages. fairseq's: the last layer, every head it has (in the padded model its kept heads come
+    first; the zero heads after them attend uniformly and are left out). Where the last layer keeps no
+    cross-attention head, fairseq returns no attention; CTranslate2 is given the last layer that keeps one."""
+    for index in reversed(range(len(decoder.layers))):
+        if decoder.layers[index].encoder_attn.num_heads:
+            return index, decoder.layers[index].encoder_attn.num_heads
+    return len(decoder.layers) - 1, 0  # no cross-attention anywhere: 0 is every (zero, uniform) head
+
+
 def _positions(spec, module) -> None:
     if module.embed_positions is None:
         raise UserError("CTranslate2 needs position encodings; this model has none (--no-token-positional-embeddings)")
@@ -122,6 +146,7 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
     """The CTranslate2 TransformerSpec of an hprune_transformer model (fp32 weights, heads padded per stack)."""
     _ctranslate2()  # one line if it is not installed
     from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.specs.model_spec import OPTIONAL
 
     if list(model.moa_layers()):
         raise UserError("CTranslate2 has no mixture-of-attention-heads layer; export MoA models with format=fairseq")
@@ -137,6 +162,10 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
                   "gelu_accurate": common_spec.Activation.GELUTanh, "gelu_fast": common_spec.Activation.GELUTanh,
                   "swish": common_spec.Activation.SWISH}[activation]
     head_dim = encoder.layers[0].self_attn.head_dim
+    alignment_layer, alignment_heads = alignment(decoder)
+    # --decoder-input-dim / --decoder-output-dim give fairseq a projection on one side or both; CTranslate2
+    # reads each one if its weights are there
+    projections = {"project_in": decoder.project_in_dim, "project_out": decoder.project_out_dim}
     enc = transformer_spec.TransformerEncoderSpec(
         len(encoder.layers), heads["encoder"], pre_norm=encoder.layers[0].normalize_before,
         no_final_norm=encoder.layer_norm is None, activation=activation,
@@ -145,7 +174,8 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
         len(decoder.layers), heads["decoder"], pre_norm=decoder.layers[0].normalize_before,
         no_final_norm=decoder.layer_norm is None, activation=activation,
         layernorm_embedding=decoder.layernorm_embedding is not None,
-        project_in_out=decoder.project_in_dim is not None, head_dim=decoder.layers[0].self_attn.head_dim)
+        project_in_out=any(m is not None for m in projections.values()), alignment_layer=alignment_layer,
+        alignment_heads=alignment_heads, head_dim=decoder.layers[0].self_attn.head_dim)
     spec = transformer_spec.TransformerSpec(enc, dec)
 
     _stack_ends(enc, enc.embeddings[0], encoder, encoder.embed_tokens.weight)
@@ -159,10 +189,11 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
     if start is not None:  # Marian's start vector: the decoder's first input, eos, never comes again as input
         embedding[decoder.embed_tokens.start_index] = start.detach()
     _stack_ends(dec, dec.embeddings, decoder, embedding)
-    if decoder.project_in_dim is not None:
-        _linear(dec.project_in, decoder.project_in_dim.weight, decoder.project_in_dim.bias)
-    if decoder.project_out_dim is not None:
-        _linear(dec.project_out, decoder.project_out_dim.weight, decoder.project_out_dim.bias)
+    for name, module in projections.items():
+        if module is not None:
+            _linear(getattr(dec, name), module.weight, module.bias)
+        elif hasattr(dec, name):  # the other side's projection only: this one is left out of the model
+            setattr(dec, name, OPTIONAL)
     _linear(dec.projection, decoder.output_projection.weight, decoder.output_projection.bias)
     for layer_spec, layer in zip(dec.layer, decoder.layers):
         _attention(layer_spec.self_attention, layer.self_attn, heads["decoder"], self_attention=True)
@@ -232,23 +263,139 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
             + (f" ({bpe})" if bpe else "") + ".\n")
 
 
-def translate(model_dir: str, sources: List[List[str]], generation, device: str = "cpu",
-               threads: int = 0) -> List[List[str]]:
-    """Beam search in CTranslate2 with hprune's generation settings: beam, length penalty, minimum length, and
-    fairseq's length limit max_len_a · |source + eos| + max_len_b per sentence (fairseq applies the longest
-    source's limit to its whole batch: the one place the two can differ). Sentences that share a limit are
-    translated in one call. The best hypothesis of each, as target symbols."""
+def length_limits(sources: Sequence[Sequence[str]], generation, max_positions: int) -> List[int]:
+    """fairseq's length limit of each sentence: max_len_a · |source + eos| + max_len_b, at most the decoder's
+    positions less one (fairseq applies the longest source's limit to its whole batch: the one place the two
+    can differ)."""
+    return [min(int(generation.max_len_a * (len(source) + 1) + generation.max_len_b), max_positions - 1)
+            for source in sources]
+
+
+def translate(model_dir: str, sources: List[List[str]], generation, limits: List[int], device: str = "cpu",
+              threads: int = 0) -> List[List[str]]:
+    """Beam search in CTranslate2 with hprune's generation settings: beam, length penalty, minimum length and
+    each sentence's length limit (`limits`). Sentences that share a limit are translated in one call. The best
+    hypothesis of each, as target symbols."""
     translator = _ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
-    limit = [int(generation.max_len_a * (len(source) + 1) + generation.max_len_b) for source in sources]
     hypotheses: List[List[str]] = [[] for _ in sources]
-    for length in sorted(set(limit)):
-        ids = [i for i, n in enumerate(limit) if n == length]
+    for length in sorted(set(limits)):
+        ids = [i for i, n in enumerate(limits) if n == length]
         results = translator.translate_batch([sources[i] for i in ids], beam_size=generation.beam,
                                              length_penalty=generation.lenpen, min_decoding_length=generation.min_len,
                                              max_decoding_length=length, max_batch_size=64)
         for i, result in zip(ids, results):
             hypotheses[i] = result.hypotheses[0]
     return hypotheses
+
+
+def score(model_dir: str, pairs: Sequence[Tuple[List[str], List[str]]], device: str = "cpu",
+          threads: int = 0) -> List[List[float]]:
+    """CTranslate2's teacher-forced log-probability of each target token, the final eos's included."""
+    translator = _ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
+    results = translator.score_batch([list(s) for s, _ in pairs], [list(t) for _, t in pairs], max_batch_size=64)
+    return [list(result.log_probs) for result in results]
+
+
+class Reference(Protocol):
+    """hprune's model as the export is checked against it (the session, under the export's mask)."""
+
+    def score_pairs(self, pairs: List[Tuple[List[str], List[str]]]) -> List[List[float]]: ...
+
+    def translate_each(self, sources: List[List[str]], generation) -> List[List[str]]: ...
+
+
+@dataclass
+class Parity:
+    """The export's beam search against hprune's on one split, sentence by sentence (target symbols)."""
+    exact: bool  # hprune's model runs in fp32, as the export does: the checks below apply in full
+    ended: int = 0  # both translations end before the sentence's length limit
+    ended_differ: int = 0
+    min_len: int = 0  # ... differ, and agree once neither keeps eos out of the first steps (min_len 0)
+    ties: int = 0  # ... differ, and what they pick without it scores the same (rounding breaks the tie)
+    at_limit: int = 0  # either translation reaches the limit, where the runtimes differ by design
+    at_limit_differ: int = 0
+    max_log_prob_diff: float = 0.0  # largest |log p| difference, reference and differing translations
+    unexplained: List[int] = field(default_factory=list)  # sentence indices
+
+    SCORE_TOLERANCE = 1e-4  # two finished hypotheses this close are a tie that rounding breaks either way
+
+    @property
+    def log_prob_tolerance(self) -> float:
+        """fp32 on both sides: rounding; fp16/bf16 on hprune's side: a bound only a wrong weight exceeds."""
+        return 1e-3 if self.exact else 0.5
+
+    def metrics(self) -> dict:
+        return {"parity_ended": self.ended, "parity_ended_differ": self.ended_differ,
+                "parity_ended_differ_min_len": self.min_len, "parity_ended_differ_tie": self.ties,
+                "parity_at_limit": self.at_limit, "parity_at_limit_differ": self.at_limit_differ,
+                "parity_max_log_prob_diff": float(f"{self.max_log_prob_diff:.3g}")}
+
+    def describe(self) -> str:
+        why = (f" ({self.min_len} by how each runtime keeps eos out of the first min_len steps, {self.ties} a tie)"
+               if self.exact else " (hprune ran in half precision: not classified)")
+        return (f"of {self.ended} translations that end before the length limit {self.ended_differ} differ"
+                + (why if self.ended_differ else "") + f", of {self.at_limit} that reach it {self.at_limit_differ}")
+
+    def failure(self) -> Optional[str]:
+        """What makes the export wrong, in one line; None when it computes what hprune computes."""
+        if self.max_log_prob_diff > self.log_prob_tolerance:
+            return (f"the CTranslate2 export gives other log-probabilities than hprune's model (largest difference "
+                    f"{self.max_log_prob_diff:.2g}, above {self.log_prob_tolerance:g})")
+        if self.unexplained:
+            shown = ", ".join(map(str, self.unexplained[:5])) + (" ..." if len(self.unexplained) > 5 else "")
+            return (f"{len(self.unexplained)} of the CTranslate2 export's translations differ from hprune's before the "
+                    f"length limit for no reason the two runtimes explain (sentences {shown})")
+        return None
+
+
+def normalised(log_probs: Sequence[float], lenpen: float) -> float:
+    """A finished hypothesis's beam-search score in both runtimes: its log-probability (eos included) over its
+    length with eos to the power lenpen."""
+    return sum(log_probs) / len(log_probs) ** lenpen
+
+
+def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]], generation, limits: List[int],
+                 references: Sequence[Tuple[List[str], List[str]]], hprune: Reference, exact: bool,
+                 device: str = "cpu", threads: int = 0) -> Tuple[List[List[str]], Parity]:
+    """Translate `sources` with the float32 export at `model_dir` and set its translations against hprune's
+    (`ours`, target symbols), sentence by sentence, those that reach the length limit apart from those that end
+    before it. The log-probabilities of the `references` and of every translation that differs are compared
+    with hprune's. A translation that differs before the limit is explained when the two runtimes agree on it
+    once neither keeps eos out of the first steps (min_len 0, one sentence at a time, each with its own
+    limit: the other design difference), or when what they then pick scores the same to SCORE_TOLERANCE (a
+    tie, which rounding breaks either way). exact: hprune's model runs in fp32 (otherwise nothing is
+    classified, as half precision alone can part the searches). Returns the export's translations and the
+    Parity."""
+    theirs = translate(model_dir, sources, generation, limits, device, threads)
+    parity = Parity(exact)
+    differ = []
+    for i, (mine, other) in enumerate(zip(ours, theirs)):
+        if max(len(mine), len(other)) >= limits[i]:
+            parity.at_limit += 1
+            parity.at_limit_differ += mine != other
+        else:
+            parity.ended += 1
+            if mine != other:
+                differ.append(i)
+    parity.ended_differ = len(differ)
+    pairs = list(references) + [(sources[i], hypothesis) for i in differ for hypothesis in (ours[i], theirs[i])]
+    for mine, other in zip(hprune.score_pairs(pairs), score(model_dir, pairs, device, threads)):
+        parity.max_log_prob_diff = max(parity.max_log_prob_diff, max(abs(a - b) for a, b in zip(mine, other)))
+    if differ and exact:
+        unmasked = OmegaConf.merge(generation, {"min_len": 0})
+        retried = [sources[i] for i in differ]
+        again = list(zip(hprune.translate_each(retried, unmasked),
+                         translate(model_dir, retried, unmasked, [limits[i] for i in differ], device, threads)))
+        parted = [(i, pair) for i, pair in zip(differ, again) if pair[0] != pair[1]]
+        scores = hprune.score_pairs([(sources[i], hypothesis) for i, pair in parted for hypothesis in pair])
+        for n, (i, _) in enumerate(parted):
+            mine, other = (normalised(log_probs, generation.lenpen) for log_probs in scores[2 * n:2 * n + 2])
+            if abs(mine - other) > Parity.SCORE_TOLERANCE:
+                parity.unexplained.append(i)
+            else:
+                parity.ties += 1
+        parity.min_len = len(differ) - len(parted)
+    return theirs, parity
 
 
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,

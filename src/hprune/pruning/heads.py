@@ -64,9 +64,10 @@ def mask_without(model, pruned: Iterable[Head]) -> Mask:
     return mask
 
 
-def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask") -> Mask:
+def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask", soft: bool = False) -> Mask:
     """A head_mask.json that fits `expected` ({type: [heads per layer]}, see layout); `key` names the setting
-    in the error message."""
+    in the error message. Its values are 0 (removed) or 1 (kept); soft: any finite number, each head's output
+    multiplied by it (what a verb that only masks, eval, can run; a verb that removes heads cannot)."""
     try:
         mask = json.loads(Path(path).read_text())
         shape = {kind: [len(row) for row in rows] for kind, rows in mask.items()}
@@ -74,17 +75,38 @@ def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask
         raise UserError(f"{key}={path} cannot be read as a head_mask.json ({err})") from None
     if shape != expected:
         raise UserError(f"{key}={path} does not fit this model: it needs heads per layer {expected}")
-    return mask
+    for kind, rows in mask.items():
+        for layer, row in enumerate(rows):
+            for h, value in enumerate(row):
+                number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                if not number or (not soft and value not in (0, 1)):
+                    raise UserError(
+                        f"{key}={path} has {json.dumps(value)} for {kind} layer {layer} head {h}: "
+                        + ("a head's value is a finite number (its output is multiplied by it)" if soft else
+                           "a mask that removes heads holds 0 (removed) or 1 (kept); `hprune eval mask=` also "
+                           "runs values in between (each head's output multiplied by its value)"))
+    return {kind: [[int(v) if not soft else v for v in row] for row in rows] for kind, rows in mask.items()}
+
+
+def is_soft(mask: Mask) -> bool:
+    """Whether a mask scales some head by a value other than 0 or 1."""
+    return any(value not in (0, 1) for rows in mask.values() for row in rows for value in row)
+
+
+def alive(value: float) -> bool:
+    """A head a mask keeps: any value but 0 (a soft mask's heads still compute)."""
+    return value != 0
 
 
 def kept_ids(mask: Mask) -> Dict[str, List[List[int]]]:
     """{type: [[ids of alive heads] per layer]}, the form physical pruning stores in a checkpoint."""
-    return {kind: [[h for h, alive in enumerate(row) if alive] for row in rows] for kind, rows in mask.items()}
+    return {kind: [[h for h, value in enumerate(row) if alive(value)] for row in rows] for kind, rows in mask.items()}
 
 
 def kept_columns(mask: Mask) -> Dict[str, int]:
-    """Alive heads per attention type, as flat metrics/table columns: {"kept_enc_self": 9, ...}."""
-    return {f"kept_{kind.replace('-', '_')}": sum(sum(row) for row in rows) for kind, rows in mask.items()}
+    """Alive heads per attention type, as flat metrics/table columns: {"kept_enc_self": 9, ...} (a soft mask's
+    heads with a value other than 0)."""
+    return {f"kept_{kind.replace('-', '_')}": sum(alive(v) for row in rows for v in row) for kind, rows in mask.items()}
 
 
 def describe_kept(metrics: dict) -> str:

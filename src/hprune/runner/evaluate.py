@@ -7,7 +7,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from ..files import run_dir, write_atomic
-from ..pruning.heads import kept_columns
+from ..pruning.heads import is_soft, kept_columns
 from . import hydra_app
 
 
@@ -15,7 +15,8 @@ def evaluate(cfg: DictConfig) -> dict:
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
     session = Session.open(cfg)
-    mask = session.read_mask(cfg.mask) if cfg.mask else None  # None: no mask at all (no multiply by ones)
+    # None: no mask at all (no multiply by ones); values between 0 and 1 scale their heads' outputs
+    mask = session.read_mask(cfg.mask, soft=True) if cfg.mask else None
     out = run_dir()
     with session.masked(mask):
         result, quality = session.translate()
@@ -25,7 +26,8 @@ def evaluate(cfg: DictConfig) -> dict:
     metrics = {
         "split": cfg.split, "test_set": session.test_set(cfg.split), **quality,
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen, **costs, **kept_columns(mask or session.unpruned_mask()),
-        "mask": cfg.mask, "sentences": result.sentences, "sentences_per_s": round(result.sentences / result.seconds, 2),
+        "mask": cfg.mask, "mask_soft": mask is not None and is_soft(mask), "sentences": result.sentences,
+        "sentences_per_s": round(result.sentences / result.seconds, 2),
         "tokens_per_s": round(result.tokens / result.seconds, 1), **session.provenance(),
     }
     write_atomic(out / f"hypotheses.{cfg.split}.txt", "".join(h + "\n" for h in result.hypotheses))
