@@ -157,7 +157,14 @@ def main(argv: list[str] | None = None) -> None:
         if problem:
             fail(verb, problem)
     sys.argv = [f"hprune {verb}", *rest]
+    launchers = "hydra_plugins.hprune_launchers"  # hprune's SLURM launcher, if the run loaded it
+    if launchers in sys.modules:  # (several verbs in one process: the tests)
+        sys.modules[launchers].FAILED.clear()
     importlib.import_module(VERBS[verb][0]).main()
+    failed = getattr(sys.modules.get(launchers), "FAILED", None)  # a sweep's failed jobs, each said in a line
+    if failed:
+        print(f"hprune {verb}: {len(failed)} job(s) of the sweep failed; the others completed", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

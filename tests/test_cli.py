@@ -13,8 +13,9 @@ import torch
 from conftest import HPRUNE, SMALL_DATA, hprune
 
 
-def assert_one_line_error(proc: sp.CompletedProcess, *expected: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+def assert_one_line_error(proc: sp.CompletedProcess, *expected: str, status: int = 2) -> str:
+    """One line on stderr naming the problem, with `status` (2: bad input; 3: a job or worker failed)."""
+    assert proc.returncode == status, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr + proc.stdout
     errors = [line for line in proc.stderr.splitlines() if line.startswith("hprune") and "error:" in line]
     assert len(errors) == 1, proc.stderr[-2000:]

@@ -159,22 +159,76 @@ class BudgetModel(torch.nn.Module):
 
 def test_budget_multiplier_follows_the_target_staircase():
     """λ = gain · (kept − target); the target falls one head at a time from the start count to K over the
-    warm-up, and is K afterwards; only training batches advance the state."""
+    warm-up, and is K afterwards. The schedule runs on the updates taken (budget_state[0], which fairseq's
+    update count sets), so the batches of one update get the same λ; training batches record the start."""
     from hprune_fairseq.criterion import HpruneCriterion
     criterion = HpruneCriterion.__new__(HpruneCriterion)
     criterion.l0_budget, criterion.l0_budget_gain, criterion.l0_budget_warmup = 6, 0.05, 100
     model = BudgetModel()
     kept = torch.tensor(12)
     assert criterion.budget_multiplier(model, kept, advance=True).item() == 0  # target 12 at the start
-    assert model.budget_state.tolist() == [1, 12]
-    assert criterion.budget_multiplier(model, torch.tensor(12), advance=False).item() == pytest.approx(0.0)
+    assert model.budget_state.tolist() == [0, 12]
+    assert criterion.budget_multiplier(model, torch.tensor(12), advance=True).item() == 0  # a second batch of it
     model.budget_state[0] = 50  # target 6 + ceil(6 · 50 / 100) = 9
     assert criterion.budget_multiplier(model, torch.tensor(12), advance=False).item() == pytest.approx(0.15)
     model.budget_state[0] = 99  # ceil(6 / 100) = 1 head above the budget
     assert criterion.budget_multiplier(model, torch.tensor(7), advance=False).item() == pytest.approx(0.0)
     model.budget_state[0] = 500
     assert criterion.budget_multiplier(model, torch.tensor(5), advance=True).item() == pytest.approx(-0.05)
-    assert model.budget_state.tolist() == [501, 12]  # the start count is kept from the first batch
+    assert model.budget_state.tolist() == [500, 12]  # the start count is kept from the first update
+
+
+def test_schedules_end_at_the_same_update_on_one_worker_with_update_freq_2_and_on_two_workers(gated):
+    """Voita's head-budget warm-up and DSP's temperature run on fairseq's update count, which its task sets on
+    the model before every training batch (model.set_num_updates): one worker with update_freq 2 sees each update
+    twice, each of two workers once, and the schedules give the same value at every update (counting batches,
+    they ran twice as fast on the one worker)."""
+    from hprune_fairseq.criterion import HpruneCriterion
+    from hprune_fairseq.subset import SubsetSelector
+    criterion = HpruneCriterion.__new__(HpruneCriterion)
+    criterion.l0_budget, criterion.l0_budget_gain, criterion.l0_budget_warmup = 6, 0.05, 10
+    model = gated.model
+
+    def run(batches_per_update: int) -> list:
+        model.budget_state.zero_()
+        selector = SubsetSelector(count=8, k=3, cooldown=10).train()
+        seen = []
+        for update in range(14):
+            for _ in range(batches_per_update):
+                model.set_num_updates(update)  # as fairseq's task.train_step does
+                selector.set_num_updates(update)  # (a submodule of a DSP model: reached by the same call)
+                selector.sample()
+                seen.append((update, criterion.budget_multiplier(model, torch.tensor(12), advance=True).item(),
+                             selector.temperature()))
+        return sorted(set(seen))
+    one_worker_update_freq_2, each_of_two_workers = run(2), run(1)
+    assert one_worker_update_freq_2 == each_of_two_workers
+    warm = [update for update, multiplier, _ in each_of_two_workers if multiplier == pytest.approx(0.3)]
+    assert warm[0] == 10  # the target reaches K = 6 at update 10 (λ = 0.05 · (12 − 6))
+    assert [t for u, _, t in each_of_two_workers if u >= 10] == [1e-8] * 4  # cooled at update 10
+
+
+def test_logged_gate_and_moa_values_are_the_same_on_two_workers_and_on_one_with_update_freq_2():
+    """fairseq hands reduce_metrics the update's logging outputs one by one on one worker, and summed into one
+    dict on several (the criterion's outputs can be summed): the logged means must not see the difference (they
+    came out 2x here, one worker of two with one batch each)."""
+    from fairseq.logging import metrics
+
+    from hprune_fairseq.criterion import HpruneCriterion
+    batches = [{"loss": 10.0, "nll_loss": 8.0, "ntokens": 20, "nsentences": 2, "sample_size": 20, "open_heads": 9.5,
+                "alive_heads": 9, "kept_heads": 10, "l0_lambda": 0.2, "moa_aux": 0.03, "extra_batches": 1},
+               {"loss": 12.0, "nll_loss": 9.0, "ntokens": 22, "nsentences": 2, "sample_size": 22, "open_heads": 8.5,
+                "alive_heads": 8, "kept_heads": 9, "l0_lambda": 0.1, "moa_aux": 0.05, "extra_batches": 1}]
+    summed = {key: sum(batch[key] for batch in batches) for key in batches[0]}  # fairseq's _fast_stat_sync_sum
+
+    def logged(outputs) -> dict:
+        with metrics.aggregate(new_root=True) as agg:
+            HpruneCriterion.reduce_metrics(outputs)
+        return {key: round(float(value), 6) for key, value in agg.get_smoothed_values().items()}
+    one_worker, two_workers = logged(batches), logged([summed])
+    assert one_worker == two_workers
+    assert (one_worker["open_heads"], one_worker["alive_heads"], one_worker["l0_lambda"], one_worker["moa_aux"]) == \
+        (9.0, 8.5, 0.15, 0.04)
 
 
 def test_budget_state_is_saved_with_the_model(gated, trained_run):

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pandas as pd
 
@@ -43,13 +44,23 @@ def test_parallel_sweep_rows_arrive_intact_and_a_killed_job_is_listed(trained_ru
     assert (out / "incomplete.txt").read_text().startswith("killed/0: no metrics.json")
 
 
-def test_submitit_runs_sweep_jobs_as_on_slurm(trained_run, tmp_path):
-    """submitit's local executor pickles and runs the jobs as its SLURM executor does (no cluster needed)."""
+def test_submitit_runs_sweep_jobs_as_on_slurm_and_a_failed_job_is_one_line(trained_run, tmp_path):
+    """submitit's local executor pickles and runs the jobs as its SLURM executor does (no cluster needed), under
+    hprune's launcher: a job that fails (generation.beam=0, refused inside the job) is one line naming it and its
+    log, the other job completes and is collected, and the sweep exits with status 3."""
     sweep = tmp_path / "submitit"
-    hprune("eval", "-m", f"ckpt={trained_run}", *SMALL_DATA, "device=cpu", "hydra/launcher=submitit_local",
-           "generation.beam=1,2", f"hydra.sweep.dir={sweep}", subprocess=True)  # submitit's job processes
-    table = pd.read_csv(sweep / "sweep.csv")
+    proc = hprune("eval", "-m", f"ckpt={trained_run}", *SMALL_DATA, "device=cpu", "hydra/launcher=submitit_local",
+                  "hydra.launcher._target_=hydra_plugins.hprune_launchers.LocalSubmititLauncher", "generation.beam=1,0,2",
+                  f"hydra.sweep.dir={sweep}", subprocess=True, check=False)  # submitit's job processes
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hprune eval: error: job ")]
+    assert len(errors) == 1 and errors[0].startswith("hprune eval: error: job 1 (generation.beam=0, submitit job ")
+    assert ") failed: generation.beam=0 must be a whole number" in errors[0]
+    log = Path(errors[0].rsplit("its log: ", 1)[1])
+    assert log.exists() and "generation.beam=0 must be" in log.read_text()
+    table = pd.read_csv(sweep / "sweep.csv")  # the jobs that completed, collected as usual
     assert table["generation.beam"].tolist() == [1, 2]
     assert table["bleu"].tolist() == [json.loads((sweep / str(i) / "metrics.json").read_text())["bleu"]
-                                      for i in range(2)]
+                                      for i in (0, 2)]
+    assert not (sweep / "1" / "metrics.json").exists()
     assert list((sweep / ".submitit").iterdir())  # the jobs went through submitit

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hprune.worker")
     parser.add_argument("--label", default="train")
     parser.add_argument("--threads", type=int, default=1, help="torch's CPU threads in this worker")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a collective waits for a peer")
     parser.add_argument("--speed-file", help="rank 0 writes its training speed here (JSON)")
     parser.add_argument("--log-file", help="rank 0 appends its log here (the run's log file)")
     parser.add_argument("--verbose", action="store_true", help="rank 0 shows everything on the terminal")
@@ -35,10 +36,11 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # as set here: run_worker leaves it
     try:
         from .backend.training import run_worker
 
-        speed = run_worker(fairseq_argv, args.label)
+        speed = run_worker(fairseq_argv, args.label, args.timeout)
     except Exception as err:  # the launching process reports it in one line; a traceback goes to the log file
         if not isinstance(err, UserError):
             logging.getLogger("worker").warning("worker %d of %d failed", workers.rank, workers.world_size,

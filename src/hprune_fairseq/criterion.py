@@ -14,13 +14,13 @@ P(open) > 0.5 and a deterministic gate > 0.
 
 Head-budget mode (`l0_budget=K`): instead of a fixed λ, λ = l0_budget_gain · (kept − target) at every
 batch, where kept counts the heads whose deterministic gate is > 0 (those the read-out keeps) and the target
-falls one head at a time from the heads kept at the start to K over the first `l0_budget_warmup` batches. λ
+falls one head at a time from the heads kept at the start to K over the first `l0_budget_warmup` updates. λ
 pushes gates closed while too many heads are kept, is 0 once the count is on target (only the translation
 loss moves the gates then), and negative, opening gates, when too few are. There is deliberately no integral
 term: Adam moves every pushed gate at about its learning rate whatever λ is, so a gate crosses 0 hundreds of
 updates after λ starts pushing it, and any memory of past excess (dual ascent) keeps λ positive after the
-count is reached and closes the heads still in transit (measured: 2-3 of a target of 6). The state (batches
-seen, heads kept at the start) is the model's integer buffer `budget_state`: saved with it, so a resumed run
+count is reached and closes the heads still in transit (measured: 2-3 of a target of 6). The state (updates
+taken, heads kept at the start) is the model's integer buffer `budget_state`: saved with it, so a resumed run
 continues where it stopped, and exact in fp16/bf16.
 (No `from __future__ import annotations`: fairseq builds its argument parser from real field types.)
 """
@@ -46,7 +46,7 @@ class HpruneCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l0_budget_gain: float = field(default=0.05, metadata={
         "help": "head-budget mode: λ = l0_budget_gain · (kept heads − target)"})
     l0_budget_warmup: int = field(default=0, metadata={
-        "help": "head-budget mode: batches over which the target falls from the heads kept at the start to "
+        "help": "head-budget mode: updates over which the target falls from the heads kept at the start to "
                 "l0_budget"})
 
 
@@ -69,7 +69,7 @@ class HpruneCriterion(LabelSmoothedCrossEntropyCriterion):
         aux = model.moa_aux_loss() if hasattr(model, "moa_aux_loss") else None
         if aux is not None:
             loss = loss + aux * sample_size
-            logging.update(loss=loss.data, moa_aux=aux.data)
+            logging.update(loss=loss.data, moa_aux=aux.data, extra_batches=1)
         if hasattr(model, "gates") and next(model.gates(), None) is not None:
             loss = self.add_l0_penalty(model, loss, sample_size, logging)
         return loss, sample_size, logging
@@ -85,30 +85,31 @@ class HpruneCriterion(LabelSmoothedCrossEntropyCriterion):
                           else self.budget_multiplier(model, kept_heads, advance=training))
         loss = loss + multiplier * model.gate_penalty(self.l0_normalize, open_probabilities) * sample_size
         logging.update(loss=loss.data, open_heads=open_heads, alive_heads=alive_heads, kept_heads=kept_heads,
-                       l0_lambda=torch.as_tensor(multiplier, dtype=torch.float32))
+                       l0_lambda=torch.as_tensor(multiplier, dtype=torch.float32), extra_batches=1)
         return loss
 
     def budget_multiplier(self, model, kept_heads, advance: bool):
-        """λ of the head-budget mode for this batch; `advance` (training batches) also updates its state."""
-        batches, start = model.budget_state
-        start = torch.where(batches == 0, kept_heads, start)
+        """λ of the head-budget mode for this batch; `advance` (training batches) records the heads kept at the
+        start. The schedule runs on the updates taken (the model's budget_state[0], set from fairseq's update
+        count): the same λ for every batch of an update, and the same update count on any number of workers."""
+        updates, start = model.budget_state
+        start = torch.where(updates == 0, kept_heads, start)
         warmup = max(self.l0_budget_warmup, 1)
-        above = (start - self.l0_budget) * (self.l0_budget_warmup - batches).clamp(min=0)
+        above = (start - self.l0_budget) * (self.l0_budget_warmup - updates).clamp(min=0)
         target = self.l0_budget + (above + warmup - 1) // warmup  # ceil: whole heads
         if advance:
-            model.budget_state.copy_(torch.stack([batches + 1, start]))
+            model.budget_state[1] = start
         return self.l0_budget_gain * (kept_heads - target).float()
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
+        """Every extra value is logged per batch with `extra_batches` = 1: with several workers fairseq sums the
+        update's logging outputs into one dict (logging_outputs_can_be_summed), with one it hands them over one
+        by one, and the sum over `extra_batches` is the mean per batch either way."""
         super().reduce_metrics(logging_outputs)
-        if logging_outputs and "moa_aux" in logging_outputs[0]:
-            aux = sum(float(log["moa_aux"]) for log in logging_outputs) / len(logging_outputs)
-            metrics.log_scalar("moa_aux", aux, round=4)
-        if logging_outputs and "open_heads" in logging_outputs[0]:
-            open_heads = sum(float(log["open_heads"]) for log in logging_outputs) / len(logging_outputs)
-            metrics.log_scalar("open_heads", open_heads, round=2)
-            # alive: P(open) > 0.5 and a deterministic gate > 0, as Voita et al. count them
-            metrics.log_scalar("alive_heads", float(logging_outputs[-1]["alive_heads"]), round=1)
-            metrics.log_scalar("kept_heads", float(logging_outputs[-1]["kept_heads"]), round=1)
-            metrics.log_scalar("l0_lambda", float(logging_outputs[-1]["l0_lambda"]), round=4)
+        batches = sum(float(log.get("extra_batches", 0)) for log in logging_outputs)
+        if not batches:
+            return
+        for key, digits in (("moa_aux", 4), ("open_heads", 2), ("alive_heads", 1), ("kept_heads", 1), ("l0_lambda", 4)):
+            if key in logging_outputs[0]:
+                metrics.log_scalar(key, sum(float(log[key]) for log in logging_outputs) / batches, round=digits)

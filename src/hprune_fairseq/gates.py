@@ -18,6 +18,18 @@ from torch import Tensor, nn
 EPS = 1e-6
 
 
+def uniform_per_worker(like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """U(0, 1) noise shaped like `like`, a different draw on every data-parallel worker. fairseq seeds every
+    worker alike at each update, so plain draws would repeat across the workers: W workers would then make one
+    draw per update where one worker with update_freq W makes W. Each worker draws the noise of all of them
+    and keeps its own row, so the random stream advances alike everywhere (dropout keeps fairseq's behaviour),
+    and one worker draws exactly what it drew before."""
+    import torch.distributed as dist
+
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+    return torch.rand((world, *like.shape), dtype=dtype or like.dtype, device=like.device)[rank]
+
+
 class HardConcreteGate(nn.Module):
     def __init__(self, num_heads: int, temperature: float = 0.33, stretch: tuple = (-0.1, 1.1),
                  init: Optional[float] = None):
@@ -42,7 +54,7 @@ class HardConcreteGate(nn.Module):
         """A fresh noisy gate per head in training, the deterministic gate otherwise; shape (heads,)."""
         if not self.training:
             return self.deterministic()
-        noise = torch.logit(torch.rand_like(self.log_alpha), eps=EPS)  # log u - log(1 - u), u clamped to [ε, 1-ε]
+        noise = torch.logit(uniform_per_worker(self.log_alpha), eps=EPS)  # log u - log(1 - u), u in [ε, 1-ε]
         s = torch.sigmoid((noise + self.log_alpha) / self.temperature)
         return (s * (self.high - self.low) + self.low).clamp(0.0, 1.0)
 

@@ -297,9 +297,16 @@ class HpruneTransformerModel(TransformerModel):
         for kind, _, module in self.attention_modules():
             if kind in types:
                 module.add_gate(init)
-        # the head-budget controller's state (criterion `hprune`, l0_budget): integers, so fp16/bf16 cannot
-        # round them away; saved with the model, so a resumed run continues where it stopped
+        # the head-budget controller's state (criterion `hprune`, l0_budget): the updates taken (set with
+        # fairseq's update count, so the schedule is in updates whatever the workers and update_freq) and the
+        # heads kept at the start; integers, so fp16/bf16 cannot round them away; saved with the model, so a
+        # resumed run continues where it stopped
         self.register_buffer("budget_state", torch.zeros(2, dtype=torch.long))
+
+    def set_num_updates(self, num_updates: int) -> None:
+        super().set_num_updates(num_updates)
+        if hasattr(self, "budget_state"):
+            self.budget_state[0] = num_updates
 
     def add_subset_selector(self, types: List[str], k: int, temperature: tuple, cooldown: int,
                             straight_through: bool, logit_scale: float) -> None:

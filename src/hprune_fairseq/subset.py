@@ -26,6 +26,8 @@ from typing import List
 import torch
 from torch import Tensor, nn
 
+from .gates import uniform_per_worker
+
 TINY = torch.finfo(torch.float64).tiny
 TEMPERATURE, COOLDOWN = (0.1, 1e-8), 250  # the reference code's IWSLT schedule
 
@@ -70,12 +72,17 @@ class SubsetSelector(nn.Module):
         self.count, self.k, self.initial, self.final, self.cooldown = count, k, initial, final, cooldown
         self.straight_through, self.logit_scale = straight_through, logit_scale
         self.theta = nn.Parameter(torch.empty(count).uniform_(-init_bound, init_bound) / logit_scale)
-        self.register_buffer("step", torch.zeros((), dtype=torch.long))  # training steps taken: resumes with the model
+        # updates taken (fairseq's, set before each training batch): resumes with the model, and counts alike on
+        # one worker with update_freq W and on W workers
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.current: Tensor | None = None
 
     @property
     def logits(self) -> Tensor:
         return self.theta * self.logit_scale
+
+    def set_num_updates(self, num_updates: int) -> None:
+        self.step.fill_(num_updates)
 
     def temperature(self) -> float:
         step = int(self.step)
@@ -90,16 +97,15 @@ class SubsetSelector(nn.Module):
         return hard_top_k(self.logits.detach(), self.k)
 
     def sample(self) -> Tensor:
-        """A training step's mask (kept in `current` for the gates), and the step counted."""
+        """A training batch's mask (kept in `current` for the gates), at the temperature of the update."""
         if self.k >= self.count:
             mask = torch.ones_like(self.theta)
         elif self.straight_through:
             mask = _StraightThrough.apply(self.logits, self.k)
         else:
-            uniform = torch.rand_like(self.theta, dtype=torch.float64) * (1 - TINY) + TINY
+            uniform = uniform_per_worker(self.theta, torch.float64) * (1 - TINY) + TINY
             noisy = self.logits.double() - torch.log(-torch.log(uniform))
             mask = soft_top_k(noisy, self.k, self.temperature()).to(self.theta.dtype)
-        self.step += 1
         self.current = mask
         return mask
 

@@ -20,9 +20,9 @@ from hprune_fairseq.safe_load import CorruptCheckpointError, load_checkpoint
 from ..console import training_progress
 from ..errors import JobFailed, UserError
 from ..files import replaced_atomically, write_atomic
-from ..launch import is_rank_zero, launched
+from ..launch import is_rank_zero, launched, worker_threads
 from .compat import frozen_heap, to_omegaconf
-from .distributed import join_slurm_step, plan, rank_flags, start_workers
+from .distributed import init_timeout, join_slurm_step, plan, process_group_timeout, rank_flags, start_workers
 
 log = logging.getLogger(__name__)
 AVERAGED = "checkpoint_averaged.pt"
@@ -65,47 +65,75 @@ def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "trai
     the training speed (rank 0's view: the speed of all workers together)."""
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
     workers = plan(distributed, args)
-    argv = [*_without(argv, "--update-freq"), *workers.flags]  # each worker's update_freq in the flags
+    timeout = init_timeout(distributed)
+    set_here = {flag for flag in workers.flags if flag.startswith("--")}
+    argv = [*_without(argv, *set_here), *workers.flags]  # each worker's update_freq (and share of max_tokens)
     if script is not None and is_rank_zero():
         launcher = {"": ["torchrun", "--standalone", f"--nproc-per-node={workers.world_size}"], "torchrun": ["torchrun"],
                     "slurm": ["srun"]}[launched().launcher] if workers.world_size > 1 else []
         write_atomic(script, shlex.join([*launcher, "fairseq-train", *argv]) + "\n")
     log.info("%s: fairseq-train, %s updates, %d worker(s) -> %s", label, args.max_update or "all", workers.world_size,
              args.save_dir)
-    speed = start_workers(argv, workers.world_size, label) if workers.starts_workers else run_worker(argv, label)
-    return {"workers": workers.world_size, "update_freq": workers.update_freq,
+    speed = (start_workers(argv, workers.world_size, label, timeout) if workers.starts_workers
+             else run_worker(argv, label, timeout))
+    update_freq = workers.update_freq if len(workers.update_freq) > 1 else workers.update_freq[0]
+    return {"workers": workers.world_size, "update_freq": update_freq,
             "max_tokens_per_update": workers.max_tokens_per_update, **speed}
 
 
-def _without(argv: Sequence[str], flag: str) -> list:
-    """argv without `flag` and its value."""
-    drop = {i + k for i, arg in enumerate(argv) if arg == flag for k in (0, 1)}
+def _without(argv: Sequence[str], *flags: str) -> list:
+    """argv without `flags` and their values (flags that take one value)."""
+    drop = {i + k for i, arg in enumerate(argv) if arg in flags for k in (0, 1)}
     return [arg for i, arg in enumerate(argv) if i not in drop]
 
 
-def run_worker(argv: Sequence[str], label: str) -> dict:
-    """fairseq-train in this process, as the only worker or as the one the launcher's variables say; its speed."""
+def run_worker(argv: Sequence[str], label: str, timeout: float) -> dict:
+    """fairseq-train in this process, as the only worker or as the one the launcher's variables say; its speed.
+    A worker of several that fails writes its traceback to `worker-<rank>.traceback` beside the save dir, which
+    its one line names; `timeout`: how long a collective waits for a peer (seconds)."""
     from fairseq import checkpoint_utils, distributed_utils
 
-    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[*argv, *rank_flags()])
+    workers = launched()
+    if workers.launcher and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(worker_threads())  # the CPUs of this task, shared with the node's other workers
+    args = options.parse_args_and_arch(options.get_training_parser(),
+                                       input_args=[*argv, *rank_flags(cpu="--cpu" in argv)])
     # fairseq keeps the best validation loss on the function object: a second training in this process (the
     # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
     vars(checkpoint_utils.save_checkpoint).pop("best", None)
     cfg = to_omegaconf(args)
-    if launched().launcher == "slurm":
+    if workers.launcher == "slurm":
         join_slurm_step(cfg.distributed_training, cpu=bool(args.cpu))
+    several = cfg.distributed_training.distributed_world_size > 1
     bar = training_progress(label, cfg.optimization.max_update or None) if is_rank_zero() else contextlib.nullcontext()
-    with frozen_heap(), bar:
+    with frozen_heap(), bar, process_group_timeout(timeout):
         try:
             distributed_utils.call_main(cfg, _train_once_joined, label=label)
-        except RuntimeError as err:  # of several workers: most likely a peer died (gloo says so, NCCL times out)
-            if cfg.distributed_training.distributed_world_size == 1:
+        except UserError:
+            raise
+        except Exception as err:  # of several workers: a peer may have died (gloo says so, NCCL times out)
+            if not several:
                 raise
             logging.getLogger("worker").warning("this worker stopped", exc_info=True)  # the log file's
-            reason = str(err).strip().splitlines()[0][:300]
-            raise JobFailed(f"this worker stopped ({reason}); if another worker died, the checkpoints are kept: run "
-                            "the same command again to resume from the last one") from None
+            written = _write_traceback(Path(args.save_dir), workers.rank)
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise JobFailed(f"worker {workers.rank} of {workers.world_size} stopped ({reason}; its traceback: "
+                            f"{written}); if another worker died, its traceback is beside it; the checkpoints are kept: "
+                            "run the same command again to resume from the last one") from None
     return train_speed()
+
+
+def _write_traceback(save_dir: Path, rank: int) -> Path:
+    """The current exception's traceback, for a worker whose terminal output nobody may see (SLURM tasks,
+    torchrun workers, hprune's own launch): `worker-<rank>.traceback` beside the save dir (in the run dir)."""
+    import traceback
+
+    path = save_dir.parent / f"worker-{rank}.traceback"
+    try:
+        write_atomic(path, traceback.format_exc())
+    except OSError:
+        return Path("(not written: the run dir is not writable)")
+    return path
 
 
 def _train_once_joined(cfg, label: str) -> None:
@@ -120,12 +148,36 @@ def _train_once_joined(cfg, label: str) -> None:
     resumed = [repair_resume_point(save_dir) if distributed_utils.is_master(cfg.distributed_training) else None]
     if torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(resumed, src=0)
+        agree_on_resume_point(save_dir, resumed[0])
     max_update = cfg.optimization.max_update
     if max_update and resumed[0] is not None and resumed[0] >= max_update:
         log.info("%s: %s already holds all %d updates", label, save_dir, max_update)
         metrics.reset()  # no speed to report for this call
         return
     fairseq_train.main(cfg)
+
+
+def agree_on_resume_point(save_dir: Path, rank_zero: Optional[int]) -> None:
+    """Every worker resumes from the checkpoint it reads itself: they must all see rank 0's (the updates it
+    holds, or none). A worker that sees another (a node-local disk, a copy out of date) ends every worker with
+    one line, before anything is trained."""
+    last = save_dir / "checkpoint_last.pt"
+    mine = None
+    if last.exists():
+        try:
+            mine = _updates(load_checkpoint(last))
+        except CorruptCheckpointError:
+            mine = "unreadable"
+    views = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(views, mine)
+    differ = {rank: view for rank, view in enumerate(views) if view != rank_zero}
+    if differ:
+        def say(view) -> str:
+            return "no checkpoint_last.pt" if view is None else (
+                "an unreadable checkpoint_last.pt" if view == "unreadable" else f"checkpoint_last.pt at {view} updates")
+        seen = ", ".join(f"rank {rank} {say(view)}" for rank, view in sorted(differ.items())[:4])
+        raise UserError(f"the workers see different resume points in {save_dir}: rank 0 {say(rank_zero)}, {seen}; "
+                        "the run dir must be on a file system every node shares (or copy it to each node as it is)")
 
 
 def repair_resume_point(save_dir: Path) -> Optional[int]:

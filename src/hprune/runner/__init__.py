@@ -2,7 +2,7 @@
 
 The wrapper (`hydra_app`) is the one place that
   * refuses a config with a mandatory value left unset (`ckpt: ???`), in one line;
-  * turns a UserError into one line on stderr and exit 2;
+  * turns a UserError into one line on stderr and exit 2 (a JobFailed: exit 3; errors.py lists the statuses);
   * writes metrics.json, last and atomically: the verb's result plus the shared provenance (verb, data,
     seed, precision, code version). A run dir without metrics.json did not finish;
   * of a training's many workers (torchrun, SLURM tasks), lets rank 0 alone write it, and refuses the verbs
@@ -61,7 +61,7 @@ def hydra_app(config_name: str, writes_metrics: bool = True) -> Callable:
                 result = verb(cfg)
             except UserError as err:
                 print(f"hprune {cfg.verb}: error: {err}", file=sys.stderr)
-                sys.exit(2)
+                sys.exit(err.exit_status)
             if not writes_metrics or not is_rank_zero():
                 return result
             metrics = {**provenance(cfg), **result}
