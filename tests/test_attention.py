@@ -5,7 +5,7 @@ import torch
 pytest.importorskip("fairseq")
 from fairseq.modules.multihead_attention import MultiheadAttention  # noqa: E402
 
-from hprune_fairseq.attention import HeadAttention  # noqa: E402
+from hprune_fairseq.heads import HeadAttention  # noqa: E402
 
 E, H, T, S, B = 32, 4, 5, 7, 3
 

@@ -337,7 +337,7 @@ class _Checks:
         import time as clock
 
         from hprune.backend.training import _updates, agree_on_resume_point
-        from hprune_fairseq.gates import uniform_per_worker
+        from hprune_fairseq.mechanisms.gates import uniform_per_worker
         from hprune_fairseq.safe_load import load_checkpoint
         out = {}
         torch.manual_seed(5)  # fairseq seeds every worker alike
@@ -374,7 +374,7 @@ def test_every_worker_draws_its_own_gate_noise_and_the_stream_stays_in_step(two_
     """Voita's Hard Concrete and DSP's Gumbel draws: each of W workers its own (one worker with update_freq W
     draws W too), the rows a single draw of the W workers' noise would give, and the random stream advanced
     alike on every worker; one worker draws exactly what torch.rand draws."""
-    from hprune_fairseq.gates import uniform_per_worker
+    from hprune_fairseq.mechanisms.gates import uniform_per_worker
     (mine, after_0), (theirs, after_1) = (outcome["noise"] for outcome in two_gloo_workers)
     assert not torch.equal(mine, theirs) and torch.equal(after_0, after_1)
     torch.manual_seed(5)

@@ -14,7 +14,7 @@ from conftest import SMALL_DATA, hprune
 from test_cli import assert_one_line_error
 
 pytest.importorskip("fairseq")
-from hprune_fairseq.subset import SubsetSelector, hard_top_k, soft_top_k  # noqa: E402
+from hprune_fairseq.mechanisms.subset import SubsetSelector, hard_top_k, soft_top_k  # noqa: E402
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])

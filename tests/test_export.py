@@ -299,6 +299,7 @@ def test_a_decoder_output_dim_checkpoint_exports(evaluated_run, tmp_path):
     assert stock.model.decoder.project_in_dim is None and stock.model.decoder.project_out_dim is not None
     model_dir = Path(export_model(stock, None, tmp_path))
     largest = largest_log_prob_difference(stock, model_dir, "valid", None)
+    print(f"--decoder-output-dim 16: largest log-probability difference {largest:.1e}")
     assert largest < 1e-4, largest
 
 

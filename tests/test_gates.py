@@ -1,6 +1,7 @@
 """Hard Concrete head gates and the L0 criterion against their closed forms."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -9,7 +10,15 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from hprune_fairseq.gates import HardConcreteGate  # noqa: E402
+from hprune_fairseq.mechanisms.gates import (  # noqa: E402
+    GatesConfig,
+    HardConcreteGate,
+    add_gate,
+    add_gates,
+    budget_multiplier,
+    gate_penalty,
+    gated_heads,
+)
 
 LOG_ALPHAS = [-4.0, -2.0, -0.5, 0.0, 0.8, 2.5]
 
@@ -51,7 +60,7 @@ def test_glorot_initialisation_range():
 def gated(trained_run, evaluated_run):
     from hprune import backend
     loaded = backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
-    loaded.model.add_gates(["enc-self", "dec-enc"], init=0.5)
+    add_gates(loaded.model, ["enc-self", "dec-enc"], init=0.5)
     return loaded
 
 
@@ -59,17 +68,18 @@ def test_gradients_reach_log_alpha_and_penalties_follow_their_normalisation(gate
     from hprune import backend
     from hprune_fairseq.criterion import HpruneCriterion
     model = gated.model
-    gates = [m.gate for _, _, m in model.gates()]
+    gates = [m.gate for _, _, m in gated_heads(model)]
     assert len(gates) == 6
     p_open = torch.sigmoid(torch.tensor(0.5 + 0.33 * math.log(11))).item()
-    assert model.gate_penalty("sum").item() == pytest.approx(24 * p_open, rel=1e-5)
-    assert model.gate_penalty("layer_mean").item() == pytest.approx(4 * p_open, rel=1e-5)
+    assert gate_penalty(model, "sum").item() == pytest.approx(24 * p_open, rel=1e-5)
+    assert gate_penalty(model, "layer_mean").item() == pytest.approx(4 * p_open, rel=1e-5)
 
     sample = next(backend.batches(gated, "valid", 600, 1))
     model.train()
     losses = {}
     for lam in (0.0, 2.0):
-        criterion = HpruneCriterion(gated.task, False, 0.1, l0_lambda=lam, l0_normalize="sum")
+        model.gate_settings = dataclasses.replace(model.gate_settings, l0_lambda=lam, l0_normalize="sum")
+        criterion = HpruneCriterion(gated.task, False, 0.1)
         torch.manual_seed(3)  # the same gate noise and dropout for both
         loss, sample_size, logging = criterion(model, sample)
         grads = torch.autograd.grad(loss, [g.log_alpha for g in gates])
@@ -97,7 +107,7 @@ def test_gated_model_loads_an_ungated_checkpoint_and_prunes_its_gates(gated, tra
     assert torch.equal(module.gate.log_alpha, torch.full((4,), 0.5))
     with torch.no_grad():
         module.gate.log_alpha.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
-    module.prune_heads([1, 3])
+    module.keep_heads([1, 3])
     assert module.gate.log_alpha.tolist() == [2.0, 4.0]
 
 
@@ -115,10 +125,10 @@ def test_fairseq_train_parses_the_gate_and_criterion_flags():
 
 def test_folding_the_gates_gives_the_gated_outputs_without_gates():
     """fold_gate scales each head's out_proj columns by its deterministic gate: same eval-mode output."""
-    from hprune_fairseq.attention import HeadAttention
+    from hprune_fairseq.heads import HeadAttention
     torch.manual_seed(0)
     module = HeadAttention(32, 4, self_attention=True).eval()
-    module.add_gate()
+    add_gate(module)
     with torch.no_grad():
         module.gate.log_alpha.copy_(torch.tensor([-3.0, -1.0, 0.5, 4.0]))  # gates 0, 0.22, 0.63, 1
     x = torch.randn(5, 3, 32)
@@ -132,10 +142,10 @@ def test_folding_the_gates_gives_the_gated_outputs_without_gates():
 def test_gates_on_out_proj_columns_equal_gating_the_head_outputs():
     """In training the gates scale out_proj's columns; with record_outputs they multiply the head outputs
     instead (those are recorded gated). Same gate sample: the same output and the same gradients."""
-    from hprune_fairseq.attention import HeadAttention
+    from hprune_fairseq.heads import HeadAttention
     torch.manual_seed(0)
     module = HeadAttention(32, 8, self_attention=True).train()
-    module.add_gate(init=0.0)
+    add_gate(module, init=0.0)
     x = torch.randn(5, 3, 32, requires_grad=True)
     results = []
     for record in (False, True):
@@ -161,20 +171,18 @@ def test_budget_multiplier_follows_the_target_staircase():
     """λ = gain · (kept − target); the target falls one head at a time from the start count to K over the
     warm-up, and is K afterwards. The schedule runs on the updates taken (budget_state[0], which fairseq's
     update count sets), so the batches of one update get the same λ; training batches record the start."""
-    from hprune_fairseq.criterion import HpruneCriterion
-    criterion = HpruneCriterion.__new__(HpruneCriterion)
-    criterion.l0_budget, criterion.l0_budget_gain, criterion.l0_budget_warmup = 6, 0.05, 100
+    settings = GatesConfig(l0_budget=6, l0_budget_gain=0.05, l0_budget_warmup=100)
     model = BudgetModel()
     kept = torch.tensor(12)
-    assert criterion.budget_multiplier(model, kept, advance=True).item() == 0  # target 12 at the start
+    assert budget_multiplier(model, settings, kept, advance=True).item() == 0  # target 12 at the start
     assert model.budget_state.tolist() == [0, 12]
-    assert criterion.budget_multiplier(model, torch.tensor(12), advance=True).item() == 0  # a second batch of it
+    assert budget_multiplier(model, settings, torch.tensor(12), advance=True).item() == 0  # a second batch of it
     model.budget_state[0] = 50  # target 6 + ceil(6 · 50 / 100) = 9
-    assert criterion.budget_multiplier(model, torch.tensor(12), advance=False).item() == pytest.approx(0.15)
+    assert budget_multiplier(model, settings, torch.tensor(12), advance=False).item() == pytest.approx(0.15)
     model.budget_state[0] = 99  # ceil(6 / 100) = 1 head above the budget
-    assert criterion.budget_multiplier(model, torch.tensor(7), advance=False).item() == pytest.approx(0.0)
+    assert budget_multiplier(model, settings, torch.tensor(7), advance=False).item() == pytest.approx(0.0)
     model.budget_state[0] = 500
-    assert criterion.budget_multiplier(model, torch.tensor(5), advance=True).item() == pytest.approx(-0.05)
+    assert budget_multiplier(model, settings, torch.tensor(5), advance=True).item() == pytest.approx(-0.05)
     assert model.budget_state.tolist() == [500, 12]  # the start count is kept from the first update
 
 
@@ -183,10 +191,8 @@ def test_schedules_end_at_the_same_update_on_one_worker_with_update_freq_2_and_o
     the model before every training batch (model.set_num_updates): one worker with update_freq 2 sees each update
     twice, each of two workers once, and the schedules give the same value at every update (counting batches,
     they ran twice as fast on the one worker)."""
-    from hprune_fairseq.criterion import HpruneCriterion
-    from hprune_fairseq.subset import SubsetSelector
-    criterion = HpruneCriterion.__new__(HpruneCriterion)
-    criterion.l0_budget, criterion.l0_budget_gain, criterion.l0_budget_warmup = 6, 0.05, 10
+    from hprune_fairseq.mechanisms.subset import SubsetSelector
+    settings = GatesConfig(l0_budget=6, l0_budget_gain=0.05, l0_budget_warmup=10)
     model = gated.model
 
     def run(batches_per_update: int) -> list:
@@ -198,7 +204,7 @@ def test_schedules_end_at_the_same_update_on_one_worker_with_update_freq_2_and_o
                 model.set_num_updates(update)  # as fairseq's task.train_step does
                 selector.set_num_updates(update)  # (a submodule of a DSP model: reached by the same call)
                 selector.sample()
-                seen.append((update, criterion.budget_multiplier(model, torch.tensor(12), advance=True).item(),
+                seen.append((update, budget_multiplier(model, settings, torch.tensor(12), advance=True).item(),
                              selector.temperature()))
         return sorted(set(seen))
     one_worker_update_freq_2, each_of_two_workers = run(2), run(1)
@@ -241,5 +247,5 @@ def test_budget_state_is_saved_with_the_model(gated, trained_run):
     assert model.budget_state.tolist() == [0, 0]
     model.budget_state.copy_(torch.tensor([7, 12]))
     assert model.state_dict()["budget_state"].tolist() == [7, 12]
-    model.fold_gates()
-    assert "budget_state" not in model.state_dict() and not list(model.gates())
+    model.fold_mechanisms()
+    assert "budget_state" not in model.state_dict() and not list(gated_heads(model)) and not model.mechanisms()

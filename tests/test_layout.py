@@ -3,6 +3,7 @@ and the backend is the only hprune package that imports fairseq (the plugin asid
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hprune"
@@ -74,3 +75,46 @@ def test_every_import_goes_down_the_layers():
         for other in _unit_imports(path) - {unit}:
             assert other in layer_of and layer_of[other] < layer_of[unit], \
                 f"{path.relative_to(SRC)} imports {other}, which is not below {unit}"
+
+
+def _defined_private_names(text: str) -> set[str]:
+    """Private names (one leading underscore) a source defines: functions, methods, assigned attributes, module or
+    class names."""
+    pattern = r"def (_[A-Za-z]\w*)|\.(_[A-Za-z]\w*)\s*(?::[^=\n]*)?=(?!=)|^\s*(_[A-Za-z]\w*)\s*(?::[^=\n]*)?=(?!=)"
+    return {name for groups in re.findall(pattern, text, flags=re.M) for name in groups if name}
+
+
+def test_fairseq_private_names_live_in_one_backend_module():
+    """fairseq's internals (names with a leading underscore that fairseq defines and hprune does not) are used
+    by backend/compat.py alone, which checks the fairseq version they were written for. fairseq's `_name` is its
+    configs' schema key, not an internal; names hprune defines itself (an attention module's cache accessors,
+    which fairseq's layers call) are hprune's."""
+    import fairseq
+    fairseq_defined = set()
+    for path in Path(fairseq.__file__).parent.rglob("*.py"):
+        fairseq_defined |= _defined_private_names(path.read_text(errors="replace"))
+    ours = SRC.parent
+    sources = {path: path.read_text() for path in ours.rglob("*.py")}
+    defined_here = set().union(*(_defined_private_names(text) for text in sources.values()))
+    internals = fairseq_defined - defined_here - {"_name"}
+    users = {}
+    for path, text in sources.items():
+        used = {node.attr for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Attribute)}
+        used |= {alias.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom)
+                 and (node.module or "").startswith("fairseq") for alias in node.names}
+        found = sorted(name for name in used & internals if not name.startswith("__"))
+        if found:
+            users[str(path.relative_to(ours))] = found
+    assert list(users) == ["hprune/backend/compat.py"], users
+
+
+def test_reporting_backend_and_deploy_name_no_method():
+    """A method describes itself (methods/); the report, the backend and the exporters ask, never name one."""
+    from hprune.methods import method_names
+    names = [n for n in method_names() if n != "random"]  # ("random": a word as well as a method)
+    for package in ("reporting", "backend", "deploy"):
+        for path in (SRC / package).rglob("*.py"):
+            code = "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+            words = set(re.findall(r"[A-Za-z_]+", code.lower()))
+            named = sorted(n for n in names if n in words or f"{n}_" in code.lower())
+            assert not named, f"{path.relative_to(SRC)} names the method(s) {named}"

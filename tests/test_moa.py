@@ -198,7 +198,7 @@ def test_masked_experts_leave_the_router_and_equal_physical_removal(top_k):
     assert module.routing["slots"][1] == 0  # the masked expert gets no token
     module.record_routing, module.routing = False, None
     module.set_head_mask(None)
-    module.prune_heads([0, 2, 3])
+    module.keep_heads([0, 2, 3])
     assert module.num_heads == 3 and module.head_ids == [0, 2, 3] and module.router.weight.shape == (3, C)
     pruned, _ = module(x, x, x, need_weights=False)
     torch.testing.assert_close(pruned, masked, atol=1e-6, rtol=0)
@@ -218,7 +218,7 @@ def test_every_expert_masked_adds_nothing_and_stays_finite():
     out, _ = module(x, x, x, need_weights=False)
     assert torch.count_nonzero(out) == 0 and torch.isfinite(module.aux_loss)
     module.set_head_mask(None)
-    module.prune_heads([])
+    module.keep_heads([])
     assert torch.count_nonzero(module(x, x, x, need_weights=False)[0]) == 0
 
 
@@ -229,7 +229,8 @@ def test_expert_gates_fold_exactly_and_train(top_k):
     gates are sampled and their log α get gradients."""
     module = moa(4, top_k, self_attention=True)
     torch.nn.init.normal_(module.router.weight)
-    module.add_gate()
+    from hprune_fairseq.mechanisms.gates import add_gate
+    add_gate(module)
     with torch.no_grad():
         module.gate.log_alpha.copy_(torch.tensor([3.0, -6.0, 0.2, -0.5]))  # open, closed, fractional, fractional
     values = module.gate.deterministic()

@@ -24,6 +24,9 @@ def run_dir(root: Path, name: str, verb: str, metrics: dict | None, overrides=()
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
     if metrics is not None:
+        from hprune.methods import METHODS, method_names
+        if verb == "prune" and metrics.get("method") in method_names():  # what the prune verb adds, as it does
+            metrics = {**METHODS[metrics["method"]].report.fields(), **metrics}
         (run / "metrics.json").write_text(json.dumps(metrics))
     if curve is not None:
         pd.DataFrame(curve, columns=["order", "pct_pruned", "bleu"]).to_csv(run / "curve.csv", index=False)

@@ -22,7 +22,7 @@ def test_rows_follow_the_jobs_and_incomplete_jobs_are_listed(tmp_path, capsys):
             {"method": "voita", "kept_enc_self": 12 - 3 * i, "bleu": 90.0 - i, "delta_bleu": -float(i), "seed": 1})
     job(tmp_path, "3", ["prune=voita", "prune.l0_lambda=0.3"])  # killed before metrics.json
     job(tmp_path, "10", ["prune=voita", "prune.l0_lambda=1.0"], {"method": "voita", "kept_enc_self": 0, "bleu": 50.0})
-    table, incomplete = sweep_rows(tmp_path)
+    table, incomplete, _ = sweep_rows(tmp_path)
     assert incomplete == ["3"]
     assert list(table["job"]) == ["0", "1", "2", "10"]  # numeric order, not 0, 1, 10, 2
     assert list(table["prune.l0_lambda"]) == ["0.01", "0.03", "0.1", "1.0"]

@@ -48,7 +48,7 @@ def main() -> None:
         rows = []
         for name in ("michel", "lrp"):
             started = time.perf_counter()
-            get_method(name).score(session, session.cfg.prune)
+            get_method(name).score(session, session.cfg)
             rows.append((name, time.perf_counter() - started, None))
         voita = procedure(tmp, ckpt, "voita", "prune.head_budget=6", "prune.optim.lr=0.01")
         kept = voita["kept_enc_self"]

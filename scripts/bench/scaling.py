@@ -66,7 +66,7 @@ def per_thousand(tmp: str) -> None:
     sentences = len(session.source_tokens(session.cfg.prune.importance.split))
     for name in ("michel", "lrp"):
         started = time.perf_counter()
-        get_method(name).score(session, config("prune", [f"ckpt={ckpt}", f"prune={name}"]).prune)
+        get_method(name).score(session, config("prune", [f"ckpt={ckpt}", f"prune={name}"]))
         rows.append((f"{name} scores, {session.cfg.prune.importance.split} split", sentences,
                      time.perf_counter() - started))
     out = Path(tmp) / "fisher"

@@ -77,7 +77,7 @@ class Session:
 
     def reopen(self, ckpt: Path) -> "Session":
         """Another checkpoint (exported, retrained, gated) on this session's data and settings, measured with this
-        session's criterion (a gated checkpoint's own has an L0 term; the gates are folded away before use)."""
+        session's criterion (what a gated checkpoint adds to its loss goes when its gates are folded)."""
         languages = (self.loaded.cfg.task.source_lang, self.loaded.cfg.task.target_lang)
         return Session(self.cfg, self.data,
                        backend.load_model(ckpt, self.data_bin, self.cfg.device, self.cfg.precision, languages),
@@ -121,23 +121,16 @@ class Session:
     def read_mask(self, path: str | Path, key: str = "mask", soft: bool = False) -> Mask:
         return read_mask(path, layout(self.model), key, soft)
 
-    def fold_gates(self, mask: Optional[Mask]) -> Optional[Mask]:
-        """A gated (Voita) or DSP checkpoint as `hprune prune` reads it out: each gated head that `mask` keeps
-        (default: the gates' own read-out, gate > 0 / the top K) gets its deterministic gate folded into its
-        weights, every other gated head 0; a kept head whose gate is 0 (a DSP head outside the top K, a Voita head
-        an exact budget or a layout keeps) is folded at 1, its full output. The mask of the heads kept is
-        returned. A model without gates: `mask` as given."""
-        gated = [(kind, layer, m) for kind, layer, m in self.model.attention_modules() if m.gate is not None]
-        if not gated:
-            return mask
-        kept, values = mask or self.unpruned_mask(), {}
-        for kind, layer, module in gated:
-            for h, gate in zip(module.head_ids, module.gate.deterministic().tolist()):
-                if mask is None:
-                    kept[kind][layer][h] = int(gate > 0)
-                values[(kind, layer, h)] = (gate if gate > 0 else 1.0) * kept[kind][layer][h]
-        self.model.fold_gates(values)
-        log.info("gates folded into the weights: %d of %d gated heads kept", sum(map(bool, values.values())), len(values))
+    def fold_mechanisms(self, mask: Optional[Mask]) -> Optional[Mask]:
+        """A checkpoint trained with a pruning mechanism (gates, a subset selector) as `hprune prune` reads it out:
+        each gated head that `mask` keeps (default: the mechanism's own read-out) gets its deterministic value
+        folded into the weights (its full output where that value is 0), every other gated head 0 (the plugin's
+        model.fold_mechanisms). The mask of the heads kept is returned. A model without one: `mask` as given."""
+        gated = [(kind, layer, h) for kind, layer, m in self.model.gated_modules() for h in m.head_ids]
+        kept = self.model.fold_mechanisms(mask)
+        if gated:
+            log.info("gates folded into the weights: %d of %d gated heads kept",
+                     sum(kept[kind][layer][h] for kind, layer, h in gated), len(gated))
         return kept
 
     def state(self) -> dict:

@@ -25,7 +25,7 @@ Auxiliary losses (per layer, kept in `aux_loss` after each forward; the criterio
   switch  L_sw = E · Σ_e P̂_e f̂_e   (P̂: mean routing probability, f̂: share of routed slots; pads excluded)
   z-loss  L_z  = mean_t (logsumexp_e logit_{t,e})²   (logsumexp of fp32 logits: no overflow)
   CV²     L_cv = Var(G) / mean(G)²  (G_e: summed gate values of expert e)
-Experts have the head interface of `HeadAttention` (total_heads, head_ids, set_head_mask, prune_heads, gates,
+Experts have the head interface of `HeadAttention` (total_heads, head_ids, set_head_mask, keep_heads, gates,
 recorded outputs for Michel importance), so masks use the head-mask schema with one entry per expert. A masked
 or removed expert leaves the router: its logit is -inf, so tokens are routed among the remaining experts, and
 masking and physical removal compute the same thing. A Hard Concrete gate (Voita et al.) scales its expert's
@@ -44,7 +44,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from torch import Tensor, nn
 
-from .units import HeadUnits, additive_mask, cached_keys_values
+from .heads.units import HeadUnits, additive_mask, cached_keys_values
 
 
 @with_incremental_state
@@ -184,7 +184,7 @@ class MoAAttention(HeadUnits, nn.Module):
     def _keys_values(self, query, key, value, key_padding_mask, incremental_state, static_kv):
         """The shared keys and values, (batch, src_len, head_dim) each, and the key padding mask, with the
         incremental-decoding cache read and updated (encoder keys are computed once, at the first step)."""
-        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        saved_state = self.input_buffer(incremental_state) if incremental_state is not None else None
         if saved_state is not None and static_kv and "prev_key" in saved_state:
             key = None
         k = v = None
@@ -194,7 +194,7 @@ class MoAAttention(HeadUnits, nn.Module):
             k, v = self.k_proj(key).transpose(0, 1), self.v_proj(key if value is None else value).transpose(0, 1)
         if saved_state is not None:  # cached as (batch, len, head_dim): one shared head
             k, v, key_padding_mask = cached_keys_values(saved_state, k, v, key_padding_mask, static_kv, time_dim=1)
-            self._set_input_buffer(incremental_state, saved_state)
+            self.store_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
         return k, v, key_padding_mask
 
@@ -305,20 +305,20 @@ class MoAAttention(HeadUnits, nn.Module):
     # ------------------------------------------------------------------------------------ incremental state
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         """Beam search reorders (or shrinks) the batch: the cached keys, values and masks follow it."""
-        buffer = self._get_input_buffer(incremental_state)
+        buffer = self.input_buffer(incremental_state)
         if buffer:
             for name, cached in buffer.items():
                 if cached is not None:
                     buffer[name] = cached.index_select(0, new_order)
-            incremental_state = self._set_input_buffer(incremental_state, buffer)
+            incremental_state = self.store_input_buffer(incremental_state, buffer)
         return incremental_state
 
+    # the cache under the names fairseq's decoder layer calls on its attention modules
     def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
-        result = self.get_incremental_state(incremental_state, "attn_state")
-        return result if result is not None else {}
+        return self.input_buffer(incremental_state)
 
     def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
-        return self.set_incremental_state(incremental_state, "attn_state", buffer)
+        return self.store_input_buffer(incremental_state, buffer)
 
 
 class Dispatch:

@@ -1,177 +1,61 @@
-"""`hprune_transformer`: fairseq's Transformer with HeadAttention in every attention sublayer.
-
-Everything but the attention modules is stock fairseq (embeddings, FFN, layer norms, incremental decoding),
-and the state-dict keys are the stock `transformer` ones. The three attention types are named as in
-Voita et al.: enc-self, dec-self, dec-enc.
+"""`hprune_transformer`: fairseq's Transformer with HeadAttention in every attention sublayer (layers.py).
 
 A physically pruned model records the heads it kept in its config (`--kept-heads`, JSON in the head-mask
 layout: {type: [[original head ids] per layer]}); `build_model` removes the others before the weights are
 loaded, so stock `fairseq-generate --user-dir` reloads pruned checkpoints too.
 
+A pruning mechanism a procedure trains inside the model (mechanisms/: Hard Concrete gates, DSP's subset
+selection, or one registered outside hprune) adds its own flags and installs itself when they ask for it; the
+model folds any of them into the weights the same way (`fold_mechanisms`), and says which it has
+(`mechanisms()`), so nothing outside the plugin names them.
+
 A Marian (OPUS-MT) model imported from Hugging Face is an `hprune_transformer` with `--marian-positions`,
-`--decoder-start-embedding` and `--output-bias` (embeddings.py).
+`--decoder-start-embedding` and `--output-bias` (marian.py).
 
 `hprune_moa` is the same model with mixtures of attention experts (moa.MoAAttention) in the attention types
 of `--moa-types`; its experts take the place of heads in masks, gates and physical pruning.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
-import math
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
-from fairseq.distributed import fsdp_wrap
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
-    TransformerDecoderBase,
-    TransformerEncoderBase,
     TransformerModel,
     base_architecture,
     transformer_wmt_en_de_big,
 )
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 
 from hprune.attention_types import ATTENTION_TYPES, check_attention_types
 
-from . import subset
-from .attention import HeadAttention
-from .embeddings import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
-from .gates import HardConcreteGate
+from . import mechanisms
+from .config import HpruneConfig, MoAConfig
+from .heads import HeadAttention
+from .layers import HeadDecoder, HeadEncoder, MoADecoder, MoAEncoder, Sublayer, capture_residuals, sublayers
+from .marian import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
 from .moa import MoAAttention
 
 
-def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
-    """A MoA attention for this attention type if the model config makes it one (`--moa-types`)."""
-    if kind not in (getattr(cfg, "moa_types", None) or "").split(","):
-        return None
-    return MoAAttention(embed_dim, cfg.moa_experts, cfg.moa_top_k, cfg.moa_head_dim, dropout=cfg.attention_dropout,
-                        renormalize=cfg.moa_renormalize, switch_loss=cfg.moa_switch_loss, z_loss=cfg.moa_z_loss,
-                        cv_loss=cfg.moa_cv_loss, **kwargs)
-
-
-def _swish(layer, cfg) -> None:
-    """fairseq 0.12's `--activation-fn swish` returns the class torch.nn.SiLU, which a layer then calls on its
-    input (building a module, not an activation); the function it means is F.silu."""
-    if getattr(cfg, "activation_fn", None) == "swish":
-        layer.activation_fn = torch.nn.functional.silu
-
-
-class HeadEncoderLayer(TransformerEncoderLayerBase):
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
-        _swish(self, cfg)
-
-    def build_self_attention(self, embed_dim, cfg):
-        return _moa(cfg, "enc-self", embed_dim, self_attention=True) or HeadAttention(
-            embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True,
-            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
-
-
-class HeadDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
-        _swish(self, cfg)
-
-    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
-            raise NotImplementedError("hprune_transformer supports neither add_bias_kv, add_zero_attn "
-                                      "nor cross_self_attention")
-        return _moa(cfg, "dec-self", embed_dim, self_attention=True) or HeadAttention(
-            embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout, self_attention=True,
-            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
-
-    def build_encoder_attention(self, embed_dim, cfg):
-        moa = _moa(cfg, "dec-enc", embed_dim, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
-                   encoder_decoder_attention=True)
-        return moa or HeadAttention(embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
-                                    vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
-                                    encoder_decoder_attention=True, q_noise=self.quant_noise,
-                                    qn_block_size=self.quant_noise_block_size)
-
-
-def _wrap(layer, cfg):
-    """Activation checkpointing and FSDP wrapping, as fairseq does for its own layers."""
-    if cfg.checkpoint_activations:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0)
-
-
-class HeadEncoder(TransformerEncoderBase):
-    def build_encoder_layer(self, cfg):
-        return _wrap(HeadEncoderLayer(cfg, return_fc=self.return_fc), cfg)
-
-
-class HeadDecoder(TransformerDecoderBase):
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap(HeadDecoderLayer(cfg, no_encoder_attn), cfg)
-
-
-def _set_query_padding(owner: torch.nn.Module, tokens: Tensor, pad: int) -> None:
-    """MoA routes real tokens only. fairseq gives attention layers the key padding only, so the encoder and
-    decoder hand their MoA layers the query side before each forward."""
-    if not hasattr(owner, "_moa_layers"):
-        owner._moa_layers = [m for m in owner.modules() if isinstance(m, MoAAttention)]
-    padding = tokens.eq(pad) if owner._moa_layers else None
-    for module in owner._moa_layers:
-        module.query_padding_mask = padding
-
-
-class MoAEncoder(HeadEncoder):
-    """An encoder with MoA layers (they need the query padding; not scriptable, unlike the dense model)."""
-
-    def forward_scriptable(self, src_tokens, *args, **kwargs):
-        _set_query_padding(self, src_tokens, self.padding_idx)
-        return super().forward_scriptable(src_tokens, *args, **kwargs)
-
-
-class MoADecoder(HeadDecoder):
-    def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None, *args, **kwargs):
-        tokens = prev_output_tokens[:, -1:] if incremental_state is not None else prev_output_tokens
-        _set_query_padding(self, tokens, self.padding_idx)
-        return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state, *args,
-                                                   **kwargs)
-
-
-def _draw_subset(model, args) -> None:
-    selector = getattr(model, "head_selector", None)
-    if selector is not None and model.training:
-        selector.sample()
-
-
-@dataclass(frozen=True)
-class Sublayer:
-    """One residual sublayer of a transformer layer, as the data meets it: an attention (`kind` is its type) or
-    the feed-forward (`kind` None). `call`: which of its layer's residual connections adds it back; `norm` is
-    its layer norm (applied before it in a pre-norm layer, after the residual sum in a post-norm one)."""
-    stack: str             # encoder | decoder
-    kind: Optional[str]
-    layer: int             # the layer's index in its stack
-    block: Any             # the transformer layer holding it
-    call: int
-    norm: Any
-    module: Any            # the attention module, or None for the feed-forward (block.fc1, fc2, activation_fn)
-
-
-def sublayers(model) -> List[Sublayer]:
-    """Every residual sublayer of an encoder-decoder transformer in forward order: each encoder layer's
-    self-attention and feed-forward, then each decoder layer's self-attention, encoder attention (where the
-    layer has one) and feed-forward. The one description of a layer's anatomy (Kwon et al.'s layer-by-layer
-    mask tuning and LRP's relevance pass both walk it)."""
-    out = []
-    for i, layer in enumerate(model.encoder.layers):
-        out += [Sublayer("encoder", "enc-self", i, layer, 0, layer.self_attn_layer_norm, layer.self_attn),
-                Sublayer("encoder", None, i, layer, 1, layer.final_layer_norm, None)]
-    for i, layer in enumerate(model.decoder.layers):
-        out.append(Sublayer("decoder", "dec-self", i, layer, 0, layer.self_attn_layer_norm, layer.self_attn))
-        if layer.encoder_attn is not None:
-            out.append(Sublayer("decoder", "dec-enc", i, layer, 1, layer.encoder_attn_layer_norm, layer.encoder_attn))
-        out.append(Sublayer("decoder", None, i, layer, out[-1].call + 1, layer.final_layer_norm, None))
-    return out
+def import_plugin(module: str) -> None:
+    """A module registering mechanisms (or anything else) kept outside hprune: a module name, or a .py path."""
+    path = Path(module).expanduser()
+    if path.suffix == ".py":
+        name = f"hprune_plugin_{path.stem}"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, path)
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[name])
+    else:
+        importlib.import_module(module)
 
 
 @register_model("hprune_transformer")
@@ -179,56 +63,20 @@ class HpruneTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--kept-heads", type=str, default=None, metavar="JSON",
-                            help="heads kept by physical pruning: {type: [[head ids] per layer]}; written by "
-                                 "`hprune prune`, not meant to be typed")
-        parser.add_argument("--head-gates", type=str, default=None, metavar="TYPES",
-                            help="Hard Concrete gates on the heads of these attention types, comma-separated "
-                                 f"({', '.join(ATTENTION_TYPES)})")
-        parser.add_argument("--gate-log-alpha-init", type=float, default=None, metavar="X",
-                            help="initial log alpha of every gate (default: Glorot-uniform, as Voita et al.)")
-        parser.add_argument("--dsp-heads", type=int, default=None, metavar="K",
-                            help="Differentiable Subset Pruning: keep exactly K heads of --dsp-types (subset.py)")
-        parser.add_argument("--dsp-types", type=str, default=None, metavar="TYPES",
-                            help="attention types whose heads DSP selects from, comma-separated")
-        parser.add_argument("--dsp-temperature", type=str, default=",".join(map(str, subset.TEMPERATURE)), metavar="T0,T1",
-                            help="DSP: initial and final temperature")
-        parser.add_argument("--dsp-cooldown", type=int, default=subset.COOLDOWN, metavar="N",
-                            help="DSP: training steps over which the temperature falls (log-linearly)")
-        parser.add_argument("--dsp-straight-through", action="store_true",
-                            help="DSP: hard top-K in the forward pass, gradients straight through")
-        parser.add_argument("--dsp-logit-scale", type=float, default=1.0, metavar="C",
-                            help="DSP: logits = C · θ, so Adam moves them about C times the learning rate")
-        parser.add_argument("--dsp-logits-only", action="store_true",
-                            help="DSP: train the logits only, the model frozen (the reference's pipelined mode)")
-        parser.add_argument("--freeze-decoder", action="store_true",
-                            help="train only the encoder (and the embeddings it shares): Voita et al.'s setting for "
-                                 "enc-self gates, so head functions do not move to the decoder")
-        # a Marian model's computations (embeddings.py; written by `hprune` when it imports one)
-        parser.add_argument("--marian-positions", action="store_true",
-                            help="Marian's sinusoidal positions (first token at 0, frequencies 10000^(-2i/d))")
-        parser.add_argument("--decoder-start-embedding", action="store_true",
-                            help="a vector of its own for the decoder's first input (eos), as Marian's <pad> start")
-        parser.add_argument("--output-bias", action="store_true",
-                            help="a bias on the output projection (Marian's final_logits_bias)")
+        gen_parser_from_dataclass(parser, HpruneConfig())
+        for mechanism in mechanisms.MECHANISMS.values():
+            gen_parser_from_dataclass(parser, mechanism.config())
 
     @classmethod
     def build_model(cls, args, task):
+        for module in filter(None, (getattr(args, "plugin_modules", None) or "").split(",")):
+            import_plugin(module)
         model = super().build_model(args, task)
         if getattr(args, "kept_heads", None):
             model.keep_heads(json.loads(args.kept_heads))
-        if getattr(args, "head_gates", None):
-            model.add_gates(args.head_gates.split(","), getattr(args, "gate_log_alpha_init", None))
-        if getattr(args, "dsp_heads", None) is not None:  # (flags left at their default may be absent)
-            temperature = getattr(args, "dsp_temperature", None)
-            initial, final = (float(t) for t in temperature.split(",")) if temperature else subset.TEMPERATURE
-            model.add_subset_selector((getattr(args, "dsp_types", None) or ",".join(ATTENTION_TYPES)).split(","),
-                                      args.dsp_heads, (initial, final), getattr(args, "dsp_cooldown", subset.COOLDOWN),
-                                      getattr(args, "dsp_straight_through", False),
-                                      getattr(args, "dsp_logit_scale", 1.0))
-            if getattr(args, "dsp_logits_only", False):
-                for name, p in model.named_parameters():
-                    p.requires_grad_(name == "head_selector.theta")
+        for mechanism in mechanisms.MECHANISMS.values():  # (flags left at their default may be absent)
+            if mechanism.wanted(args):
+                mechanism.install(model, args)
         if getattr(args, "freeze_decoder", False):
             shared = {id(p) for p in model.encoder.parameters()}
             for p in model.decoder.parameters():
@@ -260,6 +108,7 @@ class HpruneTransformerModel(TransformerModel):
             add_output_bias(decoder.output_projection)
         return decoder
 
+    # ------------------------------------------------------------------------------------------- the heads
     def attention_modules(self) -> Iterator[Tuple[str, int, HeadAttention]]:
         """(attention type, layer index, module) for every attention sublayer, in a fixed order."""
         for i, layer in enumerate(self.encoder.layers):
@@ -272,6 +121,10 @@ class HpruneTransformerModel(TransformerModel):
 
     def sublayers(self) -> List[Sublayer]:
         return sublayers(self)
+
+    def capture_residuals(self, sublayer: Sublayer, sink: list):
+        """A context: (output, residual) of `sublayer` appended to `sink` on every forward (layers.py)."""
+        return capture_residuals(sublayer, sink)
 
     def set_head_mask(self, mask: Optional[Dict[str, List[List[float]]]]) -> None:
         """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""
@@ -292,87 +145,60 @@ class HpruneTransformerModel(TransformerModel):
             kept.setdefault(kind, []).append(list(module.head_ids))
         return kept
 
-    def add_gates(self, types: List[str], init: Optional[float] = None) -> None:
-        types = check_attention_types(types, "--head-gates", "enc-self")
-        for kind, _, module in self.attention_modules():
-            if kind in types:
-                module.add_gate(init)
-        # the head-budget controller's state (criterion `hprune`, l0_budget): the updates taken (set with
-        # fairseq's update count, so the schedule is in updates whatever the workers and update_freq) and the
-        # heads kept at the start; integers, so fp16/bf16 cannot round them away; saved with the model, so a
-        # resumed run continues where it stopped
-        self.register_buffer("budget_state", torch.zeros(2, dtype=torch.long))
+    def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
+        """Physically remove every head not listed (see HeadUnits.keep_heads)."""
+        for kind, layer, module in self.attention_modules():
+            module.keep_heads(kept[kind][layer])
+
+    # ------------------------------------------------------------------------------------------- mechanisms
+    def mechanisms(self) -> List[mechanisms.Mechanism]:
+        """The pruning mechanisms installed on this model, not yet folded."""
+        return mechanisms.present(self)
+
+    def gated_modules(self) -> Iterator[Tuple[str, int, HeadAttention]]:
+        """(type, layer, module) of the attention modules a mechanism gates."""
+        return mechanisms.gated_modules(self)
+
+    def fold_mechanisms(self, kept: Optional[Dict[str, List[List[int]]]] = None) -> Optional[Dict[str, List[List[int]]]]:
+        """Fold the mechanisms' gates into the out_proj weights and drop them: a plain model that computes what
+        the gated one did in eval mode, to be masked, fine-tuned and physically pruned. `kept` (a head mask, 0/1)
+        says which gated heads stay: each gets its deterministic gate folded in, or its full output where that
+        gate is 0 (a head an exact budget or a layout keeps), every other gated head 0; None keeps the gates' own
+        read-out (gate > 0). Returns the mask of the heads kept (`kept` itself, completed); a model without
+        mechanisms returns `kept` as given."""
+        gated, installed = list(self.gated_modules()), self.mechanisms()
+        if not gated:
+            return kept
+        read_out = kept is None
+        if read_out:
+            kept = {}
+            for kind, _, module in self.attention_modules():
+                kept.setdefault(kind, []).append([int(h in module.head_ids) for h in range(module.total_heads)])
+        for kind, layer, module in gated:
+            values = module.gate.deterministic().tolist()
+            if read_out:
+                for h, gate in zip(module.head_ids, values):
+                    kept[kind][layer][h] = int(gate > 0)
+            weight = next(module.parameters())
+            module.fold_gate(torch.tensor([(gate if gate > 0 else 1.0) * kept[kind][layer][h]
+                                           for h, gate in zip(module.head_ids, values)],
+                                          dtype=weight.dtype, device=weight.device))
+        for mechanism in installed:
+            mechanism.remove(self)
+        return kept
 
     def set_num_updates(self, num_updates: int) -> None:
         super().set_num_updates(num_updates)
-        if hasattr(self, "budget_state"):
-            self.budget_state[0] = num_updates
-
-    def add_subset_selector(self, types: List[str], k: int, temperature: tuple, cooldown: int,
-                            straight_through: bool, logit_scale: float) -> None:
-        """DSP (subset.py) over the heads of `types`: one logit per head, initialised Xavier-uniform for a
-        (sublayers, heads per sublayer) matrix as the reference's, and each module's gate its slice of the mask."""
-        types = check_attention_types(types, "--dsp-types", "enc-self")
-        modules = [m for kind, _, m in self.attention_modules() if kind in types]
-        sizes = [m.num_heads for m in modules]
-        bound = math.sqrt(6.0 / (len(modules) + max(sizes)))
-        self.head_selector = subset.SubsetSelector(sum(sizes), k, temperature, cooldown, straight_through,
-                                                   logit_scale, bound).to(next(self.parameters()).device)
-        for module, gate in zip(modules, self.head_selector.gates(sizes)):
-            module.gate = gate
-        # each training forward draws its mask first (a hook, not a forward override: the model stays scriptable)
-        self.register_forward_pre_hook(_draw_subset)
+        for mechanism in self.mechanisms():
+            mechanism.set_num_updates(self, num_updates)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """A gated or DSP model loads a plain checkpoint: its budget state and DSP step start at zero, its DSP
-        logits where they were initialised (gates: HeadAttention)."""
+        """A model with mechanisms loads a plain checkpoint: each fills in its initial state."""
         super().upgrade_state_dict_named(state_dict, name)
-        prefix = f"{name}." if name else ""
-        if hasattr(self, "budget_state") and f"{prefix}budget_state" not in state_dict:
-            state_dict[f"{prefix}budget_state"] = torch.zeros(2, dtype=torch.long)
-        selector = getattr(self, "head_selector", None)
-        if selector is not None and f"{prefix}head_selector.theta" not in state_dict:
-            state_dict[f"{prefix}head_selector.theta"] = selector.theta.detach().clone()
-            state_dict[f"{prefix}head_selector.step"] = torch.zeros((), dtype=torch.long)
+        for mechanism in self.mechanisms():
+            mechanism.upgrade_state_dict(self, state_dict, f"{name}." if name else "")
 
-    def gates(self) -> Iterator[Tuple[str, int, HeadAttention]]:
-        """The attention modules with Hard Concrete gates, as attention_modules() names them."""
-        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m.gate, HardConcreteGate))
-
-    def fold_gates(self, values: Optional[Dict[Tuple[str, int, int], float]] = None) -> None:
-        """Fold every deterministic gate (Hard Concrete or DSP) into its out_proj columns (HeadAttention.fold_gate):
-        same outputs in eval mode, and a plain ungated model that can be masked, fine-tuned and physically pruned.
-        `values`: {(type, layer, head): value} folded instead (a read-out other than the gates' own)."""
-        for kind, layer, module in self.attention_modules():
-            if module.gate is not None:
-                weight = next(module.parameters())
-                module.fold_gate(None if values is None else torch.tensor(
-                    [values[(kind, layer, h)] for h in module.head_ids], dtype=weight.dtype, device=weight.device))
-        for buffer in ("budget_state", "head_selector"):
-            if hasattr(self, buffer):
-                delattr(self, buffer)
-
-    def gate_open_probabilities(self) -> Tuple[Tensor, Tensor, int]:
-        """P(gate ≠ 0) and the deterministic gate of every gated head, concatenated over the gated modules, and
-        the number of those modules. One computation for all (add_gate gives every gate the same β, l, r): per
-        module, a training step's small ops cost more than the gates themselves."""
-        gates = [m.gate for _, _, m in self.gates()]
-        if not gates:
-            raise ValueError("the model has no head gates (--head-gates)")
-        log_alpha = torch.cat([gate.log_alpha for gate in gates])
-        return gates[0].p_open(log_alpha), gates[0].deterministic(log_alpha.detach()), len(gates)
-
-    def gate_penalty(self, normalize: str = "sum", open_probabilities=None) -> Tensor:
-        """Expected number of open gates, Σ P(gate ≠ 0): over every gated head ("sum", the paper's L_C), or the
-        mean over gated layers of each layer's sum ("layer_mean", the reference code's). open_probabilities:
-        gate_open_probabilities(), when the caller has it already."""
-        p_open, _, layers = open_probabilities or self.gate_open_probabilities()
-        if normalize == "sum":
-            return p_open.sum()
-        if normalize == "layer_mean":
-            return p_open.sum() / layers
-        raise ValueError(f"unknown L0 normalisation '{normalize}'; use sum or layer_mean")
-
+    # ------------------------------------------------------------------------------------------- MoA
     def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:
         """The attention sublayers that are MoA layers (none in an hprune_transformer)."""
         return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m, MoAAttention))
@@ -381,11 +207,6 @@ class HpruneTransformerModel(TransformerModel):
         """The weighted auxiliary losses of the last forward, summed over MoA layers (per token, see moa.py)."""
         losses = [m.aux_loss for _, _, m in self.moa_layers() if m.aux_loss is not None]
         return torch.stack(losses).sum() if losses else None
-
-    def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
-        """Physically remove every head not listed (see HeadAttention.prune_heads)."""
-        for kind, layer, module in self.attention_modules():
-            module.prune_heads(kept[kind][layer])
 
 
 @register_model_architecture("hprune_transformer", "hprune_transformer")
@@ -409,23 +230,12 @@ class HpruneMoAModel(HpruneTransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--moa-types", type=str, metavar="TYPES",
-                            help=f"attention types that are MoA layers, comma-separated ({', '.join(ATTENTION_TYPES)})")
-        parser.add_argument("--moa-experts", type=int, metavar="E", help="attention experts per MoA layer")
-        parser.add_argument("--moa-top-k", type=int, metavar="K", help="experts each token uses (k <= E)")
-        parser.add_argument("--moa-head-dim", type=int, metavar="D", help="size of each expert's query, and of "
-                                                                          "the shared key and value")
-        parser.add_argument("--moa-renormalize", action="store_true",
-                            help="divide the selected experts' weights by their (detached) sum, as the paper")
-        parser.add_argument("--moa-switch-loss", type=float, metavar="C", help="switch load-balancing loss weight")
-        parser.add_argument("--moa-z-loss", type=float, metavar="C", help="router z-loss weight")
-        parser.add_argument("--moa-cv-loss", type=float, metavar="C", help="CV² load loss weight")
+        gen_parser_from_dataclass(parser, MoAConfig())
 
     @classmethod
     def build_model(cls, args, task):
         check_attention_types(args.moa_types, "--moa-types", "enc-self")
         return super().build_model(args, task)
-
 
 
 def _moa_defaults(args, experts: int, top_k: int, head_dim: int) -> None:

@@ -1,4 +1,8 @@
-"""fairseq inside a Hydra app: the global state both keep, devices and precisions, and a GC-quiet hot loop."""
+"""fairseq inside a Hydra app: the global state both keep, devices and precisions, and a GC-quiet hot loop.
+
+The one module of hprune that touches fairseq's private names (its internals, which a fairseq release may
+change): each is wrapped here, and a fairseq other than the one they were written for is said once
+(FAIRSEQ_VERSION; tests/test_layout.py checks that no other module uses them)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +11,7 @@ import gc
 import warnings
 from pathlib import Path
 
+import fairseq
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
@@ -14,6 +19,12 @@ from omegaconf import DictConfig
 import hprune_fairseq  # registers the model and the safe-loading allow-list
 
 from ..errors import UserError
+
+FAIRSEQ_VERSION = "0.12.3.1"  # fairseq-fixed: the release whose internals this module was written against
+if fairseq.__version__ != FAIRSEQ_VERSION:
+    warnings.warn(f"hprune was written for fairseq {FAIRSEQ_VERSION} (fairseq-fixed), whose internals "
+                  f"hprune/backend/compat.py uses; this is fairseq {fairseq.__version__}: run `make test` before "
+                  "trusting the results", stacklevel=1)
 
 # fairseq's iterators always ask for pinned memory; on a CPU-only machine torch warns at every batch iterator
 warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator")
@@ -91,6 +102,21 @@ def check_precision(device: str, precision: str, training: bool) -> None:
         # fairseq trains in bf16 only on CUDA (elsewhere it assumes a TPU); fp16 kernels need CUDA
         what = "training" if training and precision == "bf16" else "it"
         raise UserError(f"precision={precision} needs a CUDA device for {what}; use precision=fp32 on the CPU")
+
+
+def undo_generation_fast(model) -> None:
+    """fairseq's make_generation_fast_ (run before every beam search) replaces the model's train() with one that
+    refuses; training again in the same process (fine-tuning between pruning steps) needs the method back."""
+    vars(model).pop("train", None)
+    model._is_generation_fast = False
+
+
+def forget_best_checkpoint() -> None:
+    """fairseq keeps the best validation loss on its save_checkpoint function: a second training in one process
+    (the from-scratch control after gated training) would otherwise never write its checkpoint_best.pt."""
+    from fairseq import checkpoint_utils
+
+    vars(checkpoint_utils.save_checkpoint).pop("best", None)
 
 
 def upgrade_checkpoint(state: dict) -> DictConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..console import progress
+from .compat import undo_generation_fast
 from .generation import batches
 from .loading import Loaded
 
@@ -14,8 +15,7 @@ def finetune(loaded: Loaded, criterion, updates: int, lr: float, max_tokens: int
     generator of its own, so the caller's random state is left as it was): the same call on the same weights
     gives the same weights, so a pruned curve and its control differ by the pruning only."""
     model = loaded.model
-    vars(model).pop("train", None)  # fairseq's make_generation_fast_ locks train(); it only dropped attn outputs
-    model._is_generation_fast = False
+    undo_generation_fast(model)  # a beam search before locked train()
     model.train()
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98))
     done, epoch = 0, 0

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hprune_fairseq.mechanisms import MECHANISMS
 from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
 
 from ..errors import UserError
@@ -234,16 +235,14 @@ def build_criterion(loaded: Loaded):
     """The checkpoint's training loss as the `hprune` criterion, which every measurement and training step of
     hprune reads (its loss, `nll_loss` and sample size): label-smoothed cross-entropy with the smoothing the
     checkpoint records. fairseq's default `cross_entropy` records none, and smoothing 0 is exactly that loss;
-    hprune's own criterion is used as recorded (MoA's auxiliary losses, gates' L0 term)."""
+    what the model carries adds its own terms (MoA's auxiliary losses, a pruning mechanism's penalty)."""
     recorded = loaded.cfg.get("criterion")
     name = recorded.get("_name") if recorded is not None else None
-    if name == "hprune":
-        return loaded.task.build_criterion(recorded)
     if name not in KNOWN_CRITERIA:
         log.info("criterion %s: measured with its translation loss (cross-entropy, label smoothing %s)", name,
                  recorded.get("label_smoothing", 0.0) if recorded is not None else 0.0)
     settings = {"_name": "hprune", "label_smoothing": 0.0, "sentence_avg": False}
-    for key in ("label_smoothing", "sentence_avg", "ignore_prefix_size"):
+    for key in ("label_smoothing", "sentence_avg", "ignore_prefix_size", "report_accuracy"):
         if recorded is not None and recorded.get(key) is not None:
             settings[key] = recorded[key]
     return loaded.task.build_criterion(OmegaConf.create(settings))
@@ -271,9 +270,10 @@ def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[
     state["model"] = model.state_dict()
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state["args"]
     as_hprune_model(model_cfg, config_from or loaded.path)  # a stock Transformer's export is an hprune model
-    for gates in ("head_gates", "dsp_heads"):  # a gated checkpoint's export has its gates folded in
-        if getattr(model_cfg, gates, None) is not None:
-            setattr(model_cfg, gates, None)
+    for mechanism in MECHANISMS.values():  # a gated checkpoint's export has them folded in: its config installs none
+        switch = mechanism.flags()[0]
+        if getattr(model_cfg, switch, None) not in (None, False):
+            setattr(model_cfg, switch, None)
     # the languages recorded even where the original was trained without -s/-t: the export says what it translates
     task_cfg = state["cfg"]["task"] if state.get("cfg") is not None else state["args"]
     for key in ("source_lang", "target_lang"):

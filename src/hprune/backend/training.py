@@ -21,7 +21,7 @@ from ..console import training_progress
 from ..errors import JobFailed, UserError
 from ..files import replaced_atomically, write_atomic
 from ..launch import is_rank_zero, launched, worker_threads
-from .compat import frozen_heap, to_omegaconf
+from .compat import forget_best_checkpoint, frozen_heap, to_omegaconf
 from .distributed import init_timeout, join_slurm_step, plan, process_group_timeout, rank_flags, start_workers
 
 log = logging.getLogger(__name__)
@@ -91,16 +91,14 @@ def run_worker(argv: Sequence[str], label: str, timeout: float) -> dict:
     """fairseq-train in this process, as the only worker or as the one the launcher's variables say; its speed.
     A worker of several that fails writes its traceback to `worker-<rank>.traceback` beside the save dir, which
     its one line names; `timeout`: how long a collective waits for a peer (seconds)."""
-    from fairseq import checkpoint_utils, distributed_utils
+    from fairseq import distributed_utils
 
     workers = launched()
     if workers.launcher and not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(worker_threads())  # the CPUs of this task, shared with the node's other workers
     args = options.parse_args_and_arch(options.get_training_parser(),
                                        input_args=[*argv, *rank_flags(cpu="--cpu" in argv)])
-    # fairseq keeps the best validation loss on the function object: a second training in this process (the
-    # from-scratch control after gated training) would otherwise never write its checkpoint_best.pt
-    vars(checkpoint_utils.save_checkpoint).pop("best", None)
+    forget_best_checkpoint()  # of an earlier training in this process
     cfg = to_omegaconf(args)
     if workers.launcher == "slurm":
         join_slurm_step(cfg.distributed_training, cpu=bool(args.cpu))

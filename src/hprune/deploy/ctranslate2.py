@@ -150,9 +150,10 @@ def model_spec(model, model_cfg, source_dictionary, target_dictionary):
 
     if list(model.moa_layers()):
         raise UserError("CTranslate2 has no mixture-of-attention-heads layer; export MoA models with format=fairseq")
-    if list(model.gates()) or getattr(model, "head_selector", None) is not None:
-        raise UserError("this checkpoint still has its gates or DSP selector; export the folded model that "
-                        "`hprune prune ... prune.export=true` wrote (checkpoints/checkpoint_pruned.pt)")
+    if model.mechanisms():
+        names = ", ".join(m.name for m in model.mechanisms())
+        raise UserError(f"this model still has its pruning mechanism ({names}); fold it first (`hprune export` of the "
+                        "checkpoint does: model_spec is given the folded model)")
     activation = getattr(model_cfg, "activation_fn", "relu")
     if activation not in ACTIVATIONS:
         raise UserError(f"CTranslate2 has no '{activation}' activation; it takes {', '.join(ACTIVATIONS)}")

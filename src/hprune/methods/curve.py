@@ -13,6 +13,7 @@ DSP, fisher) run their own flow under the same verb.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Set
 
@@ -41,6 +42,7 @@ from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from ..reporting.tables import markdown
 from ..session import delta_bleu
+from . import MethodSettings
 
 log = logging.getLogger(__name__)
 ABLATIONS = ("single", "one_head", "types")
@@ -70,18 +72,48 @@ def check_settings(p: DictConfig, orders: List[str]) -> List[float]:
     return sorted(set(steps) | ({p.target_pct} if p.target_pct is not None else set()))
 
 
-def head_scores(session, method: str, mask: Optional[Mask] = None) -> pd.DataFrame:
+@dataclass
+class ImportanceSettings:
+    split: str = "valid"
+    max_batches: Optional[int] = None
+    max_tokens: int = 4096
+    normalize_by_layer: bool = True
+
+
+@dataclass
+class FinetuneSettings:
+    updates: int = 0
+    lr: float = 1.0e-4
+    max_tokens: int = 4096
+
+
+@dataclass
+class CurveSettings(MethodSettings):
+    """The settings every order's curve takes (configs/prune/michel.yaml, which the other orders' yamls extend)."""
+    importance: ImportanceSettings = field(default_factory=ImportanceSettings)
+    step_pct: float = 10
+    reestimate: bool = False
+    min_heads_per_layer: int = 0
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    baselines: List[str] = field(default_factory=list)
+    ablations: List[str] = field(default_factory=list)
+    target_pct: Optional[float] = None
+    max_bleu_drop: float = 1.0
+    export: bool = False
+
+
+def head_scores(session, cfg: DictConfig, method: str, mask: Optional[Mask] = None) -> pd.DataFrame:
     """A registered order's head scores (methods/), computed under `mask`."""
     from . import get_method
 
     with session.masked(mask):
-        return get_method(method).score(session, session.cfg.prune)
+        return get_method(method).score(session, cfg)
 
 
-def ablations(session, pool: Set[Head], importance: pd.DataFrame, unpruned: dict, out: Path) -> None:
+def ablations(session, cfg: DictConfig, pool: Set[Head], importance: pd.DataFrame, unpruned: dict, out: Path) -> None:
     """Ablations on the unpruned model: Michel et al.'s two (every head removed alone; every layer reduced to its
     most important head) and every head of one attention type removed at once (which type is most sensitive)."""
-    p, model = session.cfg.prune, session.model
+    p, model = cfg.prune, session.model
 
     def row(mask: Mask, **where) -> dict:
         result = session.evaluate(mask)
@@ -126,18 +158,18 @@ def compared(result: dict, unpruned: dict, method_result: Optional[dict], contro
     return row
 
 
-def finetuning_control(session, pool: Set[Head], steps: List[float], initial_state: dict) -> dict:
+def finetuning_control(session, cfg: DictConfig, pool: Set[Head], steps: List[float], initial_state: dict) -> dict:
     """The control of a fine-tuned curve: the unpruned model fine-tuned exactly as the pruned one is at each step
     (the same updates, learning rate and batch order, cumulatively), nothing pruned. {step: its evaluation} for
     the steps that fine-tune; translations saved as `control.<step>`."""
-    p = session.cfg.prune
+    p = cfg.prune
     session.load_state(initial_state)
     controls = {}
     log.info("fine-tuning control: %d updates per step, nothing pruned", p.finetune.updates)
     with console.progress("fine-tuning control", len(steps), "step") as bar:
         for step, pct in enumerate(steps):
             if heads_to_prune(len(pool), pct):
-                session.finetune(None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
+                session.finetune(None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
                 controls[step] = session.evaluate(None)
                 translations.save(run_dir(), f"control.{step}", controls[step])
             bar.advance(1)
@@ -145,7 +177,8 @@ def finetuning_control(session, pool: Set[Head], steps: List[float], initial_sta
     return controls
 
 
-def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: dict, initial_state: Optional[dict],
+def curve(session, cfg: DictConfig, pool: Set[Head], method: str, steps: List[float], unpruned: dict,
+          initial_state: Optional[dict],
           on_row: Callable[[list], None], candidate: Callable[[dict], bool],
           against: Optional[dict] = None, controls: Optional[dict] = None) -> tuple[list, Optional[tuple], dict]:
     """Prune cumulatively in the method's order. Returns the rows, the last step that is a `candidate` for
@@ -154,11 +187,11 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
     `controls`: the fine-tuning control's evaluations by step (finetuning_control)."""
     against, controls = against or {}, controls or {}
     results = {}
-    p = session.cfg.prune
+    p = cfg.prune
     if initial_state is not None:  # fine-tuning changed the weights: every order starts from the checkpoint
         session.load_state(initial_state)
     session.set_mask(None)
-    table = head_scores(session, method)
+    table = head_scores(session, cfg, method)
     pruned: Set[Head] = set()
     rows, chosen = [], None
     log.info("curve: the %s order, %d steps", method, len(steps))
@@ -166,12 +199,12 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
         for step, pct in enumerate(steps):
             n = heads_to_prune(len(pool), pct)
             if p.reestimate and pruned:
-                table = head_scores(session, method, mask_without(session.model, pruned))
+                table = head_scores(session, cfg, method, mask_without(session.model, pruned))
             pruned = extend_pruned(table, pruned, n, pool, p.min_heads_per_layer, p.layout)
             mask = mask_without(session.model, pruned)
             n = len(pruned)  # per_stack may prune a few more than the step's share
             if p.finetune.updates and n:
-                session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, session.cfg.seed + step)
+                session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
             result = unpruned if n == 0 else session.evaluate(mask)
             control = controls.get(step)
             row = {"order": method, "layout": p.layout, "step": step, "pct_target": pct, "heads_pruned": n,
@@ -181,8 +214,8 @@ def curve(session, pool: Set[Head], method: str, steps: List[float], unpruned: d
                    "valid_loss": result["valid_loss"]}
             if control is not None:
                 row.update(bleu_control=control["bleu"], delta_bleu_control=delta_bleu(result, control))
-            if n and session.cfg.significance.resamples:
-                row.update(compared(result, unpruned, against.get(step), control, session.cfg))
+            if n and cfg.significance.resamples:
+                row.update(compared(result, unpruned, against.get(step), control, cfg))
             translations.save(run_dir(), f"{method}.{step}", result)
             rows.append(row)
             results[step] = result
@@ -214,7 +247,7 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
                         "prune.step_pct's range, prune.target_pct or that minimum")
 
     log.info("scoring %d heads of %s (%s)", len(pool), ", ".join(p.types), p.method)
-    importance = ranked(head_scores(session, p.method))
+    importance = ranked(head_scores(session, cfg, p.method))
     importance.insert(3, "id", [michel_id(h) for h in importance[["type", "layer", "head"]].itertuples(index=False, name=None)])
     write_atomic(out / "head_importance.csv", importance.sort_values(["type", "layer", "head"]).to_csv(index=False))
     plots.head_heatmaps(importance, "importance", out / "head_importance.png", f"{p.method} head scores")
@@ -222,7 +255,7 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
     unpruned = session.evaluate(None)
     initial_state = session.state() if p.finetune.updates else None
     if p.ablations:
-        ablations(session, pool, importance, unpruned, out)
+        ablations(session, cfg, pool, importance, unpruned, out)
 
     all_rows: list = []
 
@@ -240,9 +273,9 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
         return row["delta_bleu"] >= -p.max_bleu_drop
 
     method_results: dict = {}
-    controls = finetuning_control(session, pool, steps, initial_state) if p.finetune.updates else {}
+    controls = finetuning_control(session, cfg, pool, steps, initial_state) if p.finetune.updates else {}
     for order in dict.fromkeys([p.method, *p.baselines]):  # the method first, each order once
-        rows, last_candidate, results = curve(session, pool, order, steps, unpruned, initial_state, write_curve,
+        rows, last_candidate, results = curve(session, cfg, pool, order, steps, unpruned, initial_state, write_curve,
                                               candidate, None if order == p.method else method_results, controls)
         all_rows += rows
         if order == p.method:

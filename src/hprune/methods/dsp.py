@@ -15,10 +15,12 @@ training without the selection), which `hprune report` measures them against.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict, List
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import MISSING, DictConfig
 
 from .. import backend
 from ..attention_types import check_attention_types
@@ -26,7 +28,22 @@ from ..errors import UserError
 from ..files import write_atomic
 from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
-from . import Control, register_method, trained
+from . import Control, MethodSettings, Report, register_method, trained
+from .curve import FinetuneSettings
+
+
+@dataclass
+class DspSettings(MethodSettings):
+    """configs/prune/dsp.yaml: the reference code's values, with their sources."""
+    head_budget: int = MISSING
+    temperature: List[float] = field(default_factory=lambda: [0.1, 1.0e-8])
+    cooldown: int = 250
+    straight_through: bool = False
+    joint: bool = True
+    pruning_lr: float = 0.2
+    optim: Dict[str, Any] = field(default_factory=dict)  # fairseq-train flags of the training
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    export: bool = False
 
 
 def check_settings(p: DictConfig) -> None:
@@ -71,7 +88,11 @@ def logit_table(model) -> pd.DataFrame:
 CONTROL = Control("K=all control", lambda p, metrics: metrics["control"], Control.shares + ("prune.joint",))
 
 
-@register_method("dsp", procedure=True, check=check_settings, control=CONTROL)
+REPORT = Report(knobs=("head_budget",), columns=("bleu_finetuned",), sweep_columns=("bleu_finetuned",),
+                heatmaps=(("dsp_logits.csv", "logit", "DSP logits"),), title="DSP")
+
+
+@register_method("dsp", procedure=True, settings=DspSettings, check=check_settings, control=CONTROL, report=REPORT)
 def dsp(start, cfg: DictConfig, out: Path) -> dict:
     """Li et al. 2021: a Gumbel soft top-K over learned head logits keeps exactly K heads."""
     p = cfg.prune

@@ -29,13 +29,13 @@ reference leaves its first layer (teacher and student see the same input there).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import pandas as pd
 import torch
@@ -50,10 +50,30 @@ from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
 from ..session import delta_bleu
-from . import register_method, trained
+from . import MethodSettings, Report, register_method, trained
 
 log = logging.getLogger(__name__)
 STAGE_RESAMPLES = 1000  # the stages' paired bootstrap when significance.resamples is 0 (off for curves)
+
+
+@dataclass
+class CalibrationSettings:
+    split: str = "train"
+    sentences: int = 2048
+    batch_size: int = 32
+    seed: Optional[int] = None
+
+
+@dataclass
+class FisherSettings(MethodSettings):
+    """configs/prune/fisher.yaml: the paper's and the reference code's values, with their sources."""
+    macs_budget: float = 0.5
+    calibration: CalibrationSettings = field(default_factory=CalibrationSettings)
+    fisher: str = "per_sentence"
+    rearrange: bool = True
+    tune: bool = True
+    tune_max_scale: float = 10
+    export: bool = True
 
 
 def check_settings(p: DictConfig) -> None:
@@ -128,28 +148,6 @@ def forward_order(model) -> list:
     return [s for s in model.sublayers() if s.kind is not None]
 
 
-@contextlib.contextmanager
-def residuals(sublayer, sink: list):
-    """Record (sublayer output, residual) at the sublayer's residual connection on every forward."""
-    block, call = sublayer.block, sublayer.call
-    calls = [0]
-    reset = block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, 0))
-    original = block.residual_connection
-
-    def connect(x, residual):
-        if calls[0] == call:
-            sink.append((x.detach(), residual.detach()))
-        calls[0] += 1
-        return original(x, residual)
-
-    block.residual_connection = connect
-    try:
-        yield
-    finally:
-        del block.residual_connection
-        reset.remove()
-
-
 def _real(sample: dict, kind: str, pad: int) -> torch.Tensor:
     """(len, batch) booleans: the real tokens of the sublayer's queries (time-major, as fairseq's layers)."""
     tokens = sample["net_input"]["src_tokens"] if kind == "enc-self" else sample["target"]
@@ -168,11 +166,11 @@ def least_squares(student, teacher, kind: str, layer: int, batches: List[dict], 
     target = torch.zeros(len(units), dtype=torch.float64)
     for sample in batches:
         seen_teacher, seen_student = [], []
-        with residuals(there, seen_teacher):
+        with teacher.capture_residuals(there, seen_teacher):  # (the plugin's: where the sublayer's output joins)
             teacher(**sample["net_input"])
         module.record_contributions = True
         try:
-            with residuals(at, seen_student):
+            with student.capture_residuals(at, seen_student):
                 student(**sample["net_input"])
             shares = module.unit_contributions.permute(2, 0, 1, 3)  # (len, batch, units, d)
         finally:
@@ -219,7 +217,8 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
 
 
 # --------------------------------------------------------------------------------------------- the method
-@register_method("fisher", procedure=True, check=check_settings)
+@register_method("fisher", procedure=True, settings=FisherSettings, check=check_settings,
+                 report=Report(knobs=("macs_budget",), title="Kwon et al. (fisher)"))
 def fisher(session, cfg: DictConfig, out: Path) -> dict:
     """Kwon et al. 2022: Fisher-ranked heads under a MACs budget, rearranged and rescaled, without retraining."""
     p, c = cfg.prune, cfg.prune.calibration

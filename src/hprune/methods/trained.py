@@ -4,6 +4,7 @@ every such run reports, and the options after it: fine-tuning with the mask fixe
 `outcome`, the mask's and its evaluation's metrics, serves every procedure (fisher's too)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +22,9 @@ def train(start, cfg: DictConfig, options: list, out: Path, label: str):
     model, reopened on start's data (its gates still in), and the seconds the training took (this process's
     share, if it resumed)."""
     save = out / "checkpoints"
+    plugins = [entry for entry in os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep) if entry]
+    if plugins:  # a mechanism registered outside hprune: the checkpoint records where it comes from
+        options = options + ["--plugin-modules", ",".join(plugins)]
     argv = start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
     started = time.perf_counter()
     backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
@@ -36,19 +40,19 @@ def unpruned(start, cfg: DictConfig, out: Path) -> tuple:
 
 def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path):
     """The read-out `table` (type, layer, head, kept, and the column `score`) under prune.layout; then fold the
-    kept heads' gates into the weights (Session.fold_gates: the ungated model computes what the gated one did in
+    kept heads' gates into the weights (Session.fold_mechanisms: the ungated model computes what the gated one did in
     eval mode), mask the closed heads and evaluate: (the table, closed heads, mask, evaluation); head_mask.json
     and the translations written.
 
     per_stack: of the per_stack head sets (pruning/heads.per_stack_kept) that keep no more heads than the gates
     do, the one keeping the most, then the highest total `score`; `kept_free` records the read-out before it. A
-    head the layout keeps whose gate is 0 is reopened at its full output (Session.fold_gates)."""
+    head the layout keeps whose gate is 0 is reopened at its full output (Session.fold_mechanisms)."""
     if p.layout == "per_stack":
         by_head = scores_by_head(table, score)
         kept = per_stack_kept(set(by_head), by_head, layer_floor(p.layout, 0), int(table["kept"].sum()))
         table = table.assign(kept_free=table["kept"], kept=[int(head in kept) for head in by_head])
     closed = {(r.type, int(r.layer), int(r.head)) for r in table.itertuples() if not r.kept}
-    mask = trained.fold_gates(mask_without(trained.model, closed))
+    mask = trained.fold_mechanisms(mask_without(trained.model, closed))
     result = trained.evaluate(mask)
     translations.save(out, "pruned", result)
     write_json(out / "head_mask.json", mask)

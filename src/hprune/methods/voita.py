@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
@@ -24,9 +26,27 @@ from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from ..session import delta_bleu
-from . import Control, register_method, trained
+from . import Control, MethodSettings, Report, register_method, trained
+from .curve import FinetuneSettings
 
-ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the hprune criterion
+ALIVE_COLUMNS = ("kept_heads", "alive_heads", "open_heads", "l0_lambda")  # logged by the gates (criterion hprune)
+
+
+@dataclass
+class VoitaSettings(MethodSettings):
+    """configs/prune/voita.yaml: the paper's and the reference code's values, with their sources."""
+    types: List[str] = field(default_factory=lambda: ["enc-self"])
+    l0_lambda: float = 0.1
+    l0_normalize: str = "layer_mean"
+    head_budget: Optional[int] = None
+    budget_gain: float = 0.05
+    budget_warmup: int = 400
+    gate_init: Optional[float] = None
+    freeze_decoder: bool = True
+    optim: Dict[str, Any] = field(default_factory=dict)  # fairseq-train flags of the gated training
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    from_scratch: bool = False
+    export: bool = False
 
 
 def check_settings(p: DictConfig) -> None:
@@ -76,7 +96,7 @@ def gate_table(model) -> pd.DataFrame:
     """One row per gated head: log α, P(open), the deterministic gate, kept (gate > 0: the read-out keeps it) and
     alive (Voita et al.'s count: P(open) > 0.5 and gate > 0)."""
     rows = []
-    for kind, layer, m in model.gates():
+    for kind, layer, m in model.gated_modules():  # (Hard Concrete gates: the mechanism this method trains)
         for log_alpha, p_open, gate, head in zip(m.gate.log_alpha.tolist(), m.gate.p_open().tolist(),
                                                  m.gate.deterministic().tolist(), m.head_ids):
             rows.append({"type": kind, "layer": layer, "head": head, "log_alpha": round(log_alpha, 6),
@@ -89,7 +109,7 @@ def exact_budget(gates: pd.DataFrame, budget: int) -> pd.DataFrame:
     """The head budget's controller lands within a head or two of K: read out exactly the K heads with the largest
     log α (P(open) and the deterministic gate rise with it, so where the gates kept K this is their read-out).
     `kept_gates` keeps the gates' own (gate > 0); a head kept here whose gate is 0 is reopened at its full output
-    when the gates are folded (Session.fold_gates)."""
+    when the gates are folded (Session.fold_mechanisms)."""
     top = gates.sort_values("log_alpha", ascending=False, kind="stable").index[:budget]
     return gates.assign(kept_gates=gates["kept"], kept=gates.index.isin(top).astype(int))
 
@@ -139,7 +159,14 @@ CONTROL = Control("λ=0 control", lambda p, metrics: p.l0_lambda == 0 and p.head
                   Control.shares + ("prune.l0_normalize", "prune.gate_init", "prune.freeze_decoder"))
 
 
-@register_method("voita", procedure=True, check=check_settings, control=CONTROL)
+REPORT = Report(knobs=("l0_lambda", "head_budget"),
+                columns=("alive_heads", "bleu_finetuned", "bleu_scratch", "delta_bleu_scratch", "p_scratch_vs_start"),
+                sweep_columns=("bleu_finetuned", "bleu_scratch"),
+                heatmaps=(("gates.csv", "gate", "deterministic gates"),), title="Voita gates")
+
+
+@register_method("voita", procedure=True, settings=VoitaSettings, check=check_settings, control=CONTROL,
+                 report=REPORT)
 def voita(start, cfg: DictConfig, out: Path) -> dict:
     """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
     p = cfg.prune

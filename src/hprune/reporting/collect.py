@@ -111,6 +111,7 @@ def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
     row = {"verb": config.get("verb"), **{k: settings.get(k) for k in SCORING_KEYS},
            "overrides": " ".join(read_overrides(run))}
     row.update({k: v for k, v in metrics.items() if not isinstance(v, (dict, list))})
+    row.update({k: v for k, v in metrics.items() if k.startswith("report_")})  # what its method declared
     row["types"] = ",".join(metrics["types"]) if isinstance(metrics.get("types"), list) else metrics.get("types")
     row["seed"] = config.get("seed")
     if row.get("checkpoint") is not None:

@@ -62,7 +62,7 @@ def bleu_curve(curve: pd.DataFrame, baseline_bleu: float, path: Path | list[Path
 def curve_points(rows: pd.DataFrame) -> pd.DataFrame:
     """One line's points: BLEU's mean, standard deviation and count over the rows of one setting at one % pruned
     (seeds: runs whose settings differ in the seed alone, the `setting` column of reporting/collect.py); runs of
-    different settings at the same % (a λ sweep's control and a λ that pruned nothing) stay separate points."""
+    different settings at the same % (a sweep's control and a setting that pruned nothing) stay separate points."""
     keys = ["pct_pruned"] + (["setting"] if "setting" in rows else [])
     return (rows.groupby(keys, dropna=False)["bleu"].agg(["mean", "std", "count"]).reset_index()
             .sort_values("pct_pruned", kind="stable"))
@@ -126,8 +126,8 @@ def line(table: pd.DataFrame, x: str, ys: list, path: Path | list[Path], title: 
 
 def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: str = "",
                    references: dict | None = None) -> Path:
-    """BLEU against `x` (e.g. λ; a log axis when all values are positive), heads kept on a second axis;
-    `references`: label -> BLEU drawn as horizontal lines (the λ = 0 control, the start)."""
+    """BLEU against `x` (a trained method's knob, e.g. a penalty's weight; a log axis when all values are positive),
+    heads kept on a second axis; `references`: label -> BLEU drawn as horizontal lines (its control, the start)."""
     plt = _figure()
     table = table.sort_values(x)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -138,7 +138,7 @@ def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: 
         ax.legend(loc="lower left")
     ax.set_ylabel("BLEU", color="tab:blue")
     positive = table[x][table[x] > 0]
-    if len(positive) and (table[x] >= 0).all():  # λ grids are geometric; a λ = 0 control stays on the axis
+    if len(positive) and (table[x] >= 0).all():  # penalty grids are geometric; a 0 control stays on the axis
         ax.set_xscale("symlog", linthresh=float(positive.min())) if (table[x] == 0).any() else ax.set_xscale("log")
     twin = ax.twinx()
     twin.plot(table[x], table["kept_heads"], marker="s", color="tab:orange", label="heads kept")

@@ -2,7 +2,7 @@
 
 - comparison: BLEU and ΔBLEU of each pruning method at matched sparsity (25 / 50 / 75 % of the pooled heads),
   read off each method's BLEU-vs-%-pruned points by linear interpolation, on one model and one head pool;
-- controlled: the runs of methods that train, against their control (Voita: one row per λ or head budget);
+- controlled: the runs of methods that train, against their control (one row per setting of their knobs);
 - moa: evaluated models with their experts (E, k), parameters, MACs per token and BLEU;
 - runs: any columns of the runs, optionally grouped (mean, and how many runs).
 """
@@ -98,8 +98,8 @@ def with_controls(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def pruning_points(collection: Collection) -> pd.DataFrame:
-    """Every point of every pruning curve, and one point per prune run without a curve (a gated Voita run is one
-    point), with its reference: the unpruned model, or for a method that trains, its control where one ran.
+    """Every point of every pruning curve, and one point per prune run without a curve (a trained method's run is
+    one point), with its reference: the unpruned model, or for a method that trains, its control where one ran.
     Columns: POINT_COLUMNS, reference, bleu_reference, and where the point's translations and the reference's
     are (path, hyp; reference_path, reference_hyp: see hprune/translations.py)."""
     runs = with_controls(collection.runs)
@@ -196,7 +196,7 @@ class Translations:
 def comparison(collection: Collection, sparsity: list[float], group_by: list[str] = (),
                tests: Optional[Translations] = None) -> pd.DataFrame:
     """One row per (model, pool, method): BLEU at each target sparsity and ΔBLEU against the method's reference
-    (the unpruned model; a trained method's λ = 0 control); with `tests`, where a point was measured at that
+    (the unpruned model; a trained method's control); with `tests`, where a point was measured at that
     sparsity, the p-value of that difference (paired bootstrap over the test sentences)."""
     points = pruning_points(collection)
     if points.empty:
@@ -253,7 +253,7 @@ def pairwise(collection: Collection, sparsity: list[float], group_by: list[str],
 
 
 def matched_macs(collection: Collection, group_by: list[str] = ()) -> pd.DataFrame:
-    """Every run pruned to a MACs budget (fisher) against the other methods on the same model and pool at the
+    """Every run pruned to a MACs budget (metrics.json's macs_budget) against the other methods on the same model and pool at the
     attention MACs it reached: a curve's BLEU interpolated there, a single run's where it is within MATCH_MACS
     points of it. One row per budgeted run, one BLEU column per method."""
     points = pruning_points(collection)
@@ -310,10 +310,8 @@ def marked(table: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=[c for c in drop if c in table])
 
 
-# --------------------------------------------------------------------------------------------- λ, MoA, runs
-CONTROLLED_COLUMNS = ["run", "method", "types", "l0_lambda", "head_budget", "kept_heads", "alive_heads", "heads_pool",
-                  "pct_pruned", "bleu", "delta_bleu", "bleu_finetuned", "bleu_scratch", "delta_bleu_scratch",
-                  "p_scratch_vs_start"]
+# --------------------------------------------------------------------------------------------- trained, MoA, runs
+CONTROLLED_COLUMNS = ["run", "method", "types", "kept_heads", "heads_pool", "pct_pruned", "bleu", "delta_bleu"]
 MOA_COLUMNS = ["run", "moa_experts", "moa_top_k", "moa_head_dim", "n_params", "macs_per_token",
                "attention_macs_per_token", "bleu", "expert_load_cv", "router_entropy"]
 
@@ -322,9 +320,18 @@ def _present(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return table[[c for c in columns if c in table and table[c].notna().any()]]
 
 
+def declared(runs: pd.DataFrame, key: str) -> list[str]:
+    """What the runs' methods declared for the report (metrics.json's `report_<key>`: methods/__init__.py,
+    Report), in the order first seen."""
+    found: dict = {}
+    for values in runs.get(f"report_{key}", pd.Series(dtype=object)).dropna():
+        found.update(dict.fromkeys(values if isinstance(values, (list, tuple)) else []))
+    return list(found)
+
+
 def controlled(collection: Collection, tests: Optional[Translations] = None) -> pd.DataFrame:
-    """Runs of the methods that train with a control (Voita: one row per λ or head budget; DSP: per K), against
-    that control where it ran: ΔBLEU (control), the pruning's own effect, and with `tests` its p-value;
+    """Runs of the methods that train with a control (one row per setting of the knobs their methods declare),
+    against that control where it ran: ΔBLEU (control), the pruning's own effect, and with `tests` its p-value;
     delta_bleu stays the change from the start, which for the control is what the extra training alone did."""
     runs = with_controls(collection.runs)
     if "control_key" not in runs:
@@ -337,9 +344,10 @@ def controlled(collection: Collection, tests: Optional[Translations] = None) -> 
                  else None for run, control in zip(trained["run"], trained["control_run"])]
         trained["p_vs_control"] = [t["p_value"] if t else float("nan") for t in found]
         trained["significant_vs_control"] = [t["significant"] if t else None for t in found]
-    columns = CONTROLLED_COLUMNS + ["control_run", "bleu_control", "delta_bleu_control", "p_vs_control",
-                                    "significant_vs_control"]
-    order = [c for c in ("checkpoint", "types", "method", "l0_lambda", "head_budget") if c in trained]
+    knobs = declared(trained, "knobs")
+    columns = (CONTROLLED_COLUMNS[:3] + knobs + CONTROLLED_COLUMNS[3:] + declared(trained, "columns")
+               + ["control_run", "bleu_control", "delta_bleu_control", "p_vs_control", "significant_vs_control"])
+    order = [c for c in ("checkpoint", "types", "method", *knobs) if c in trained]
     return _present(trained.sort_values(order, na_position="last"), columns)
 
 

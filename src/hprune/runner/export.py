@@ -32,7 +32,7 @@ def export(cfg: DictConfig) -> dict:
     if cfg.format == "ctranslate2":
         ctranslate2.check_quantization(cfg.quantization)
     session = Session.open(cfg)
-    mask = session.fold_gates(session.read_mask(cfg.mask) if cfg.mask else None) or session.unpruned_mask()
+    mask = session.fold_mechanisms(session.read_mask(cfg.mask) if cfg.mask else None) or session.unpruned_mask()
     out = run_dir()
     metrics = {"format": cfg.format, "mask": cfg.mask, **kept_columns(mask), **session.provenance()}
     if cfg.format == "fairseq":

@@ -3,7 +3,9 @@
 incremental-decoding cache and additive-mask code both attention modules run.
 
 A unit keeps its original id (`head_ids`) through pruning, so masks always have the unpruned layout of
-`total_heads` entries. A subclass says how many units it has now (`num_heads`), how a mask value becomes its
+`total_heads` entries. A mechanism a pruning procedure trains (mechanisms/) puts a `gate` on the module: called,
+this step's value per unit present; `deterministic()`, the test-time values; `keep(local)`, where it can be
+sliced by physical pruning. A subclass says how many units it has now (`num_heads`), how a mask value becomes its
 stored mask (`_unit_mask`), what removing units slices (`_keep_units`) and how a gate folds in (`_fold`).
 """
 from __future__ import annotations
@@ -11,15 +13,10 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import torch
-from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor
 
-from .gates import Gated
 
-_append_prev_key_padding_mask = MultiheadAttention._append_prev_key_padding_mask  # a function TorchScript can call
-
-
-class HeadUnits(Gated):
+class HeadUnits:
     def _init_units(self, count: int) -> None:
         self.total_heads = count  # before any pruning: the length of a mask
         self.head_ids = list(range(count))  # original ids of the units still present
@@ -44,6 +41,20 @@ class HeadUnits(Gated):
         """Multiply each present unit's contribution to the output by its value (any sign)."""
         raise NotImplementedError
 
+    def input_buffer(self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+                     ) -> Dict[str, Optional[Tensor]]:
+        """This module's incremental-decoding cache (fairseq's incremental-state API, key "attn_state")."""
+        cached = self.get_incremental_state(incremental_state, "attn_state")
+        if cached is not None:
+            return cached
+        empty: Dict[str, Optional[Tensor]] = {}
+        return empty
+
+    def store_input_buffer(self, incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+                           buffer: Dict[str, Optional[Tensor]]):
+        assert incremental_state is not None  # (for TorchScript: a cache is stored only where there is a state)
+        return self.set_incremental_state(incremental_state, "attn_state", buffer)
+
     def set_head_mask(self, mask) -> None:
         """mask: one value per original unit (total_heads), 0 drops the unit; None keeps every unit present."""
         if mask is not None:
@@ -54,7 +65,7 @@ class HeadUnits(Gated):
         self.head_mask = mask
 
     @torch.no_grad()
-    def prune_heads(self, keep_ids) -> None:
+    def keep_heads(self, keep_ids) -> None:
         """Physically keep only the units whose original ids are in keep_ids; computes what masking the others
         computes."""
         unknown = set(keep_ids) - set(self.head_ids)
@@ -65,7 +76,10 @@ class HeadUnits(Gated):
         self._keep_units(local)
         if self.head_mask is not None and self.head_mask.dim() == 1:
             self.head_mask = self.head_mask[local]
-        self.keep_gates(local)
+        if self.gate is not None:
+            if not hasattr(self.gate, "keep"):  # a view of a model-wide selector (DSP's) cannot be sliced
+                raise ValueError("fold the gates into the weights before removing heads")
+            self.gate.keep(local)
         self.head_ids = [self.head_ids[i] for i in local]
 
     @torch.no_grad()
@@ -76,6 +90,26 @@ class HeadUnits(Gated):
         self._fold(values)
         self.gate = None
         return values
+
+
+def append_key_padding(key_padding_mask: Optional[Tensor], cached: Optional[Tensor], batch: int, src_len: int,
+                       static_kv: bool) -> Optional[Tensor]:
+    """Incremental decoding: the key padding mask (batch, src_len) of the keys after this step's are appended to
+    the cached ones, as floats (1 = padded). A step or the cache may have none (padding enters and leaves the
+    window): the missing part is unpadded. Encoder keys (static_kv) keep the cached mask."""
+    if cached is not None and static_kv:
+        return cached
+    if cached is not None and key_padding_mask is not None:
+        return torch.cat([cached.float(), key_padding_mask.float()], dim=1)
+    present = cached if cached is not None else key_padding_mask
+    if present is None:
+        return None
+    missing = src_len - present.size(1)
+    if missing <= 0:
+        return present.float()
+    filler = torch.zeros((batch, missing), device=present.device)
+    parts = [present.float(), filler] if cached is not None else [filler, present.float()]
+    return torch.cat(parts, dim=1)
 
 
 def cached_keys_values(saved_state: Dict[str, Optional[Tensor]], k: Optional[Tensor], v: Optional[Tensor],
@@ -91,9 +125,8 @@ def cached_keys_values(saved_state: Dict[str, Optional[Tensor]], k: Optional[Ten
         else:
             k, v = torch.cat([prev_k, k], dim=time_dim), torch.cat([prev_v, v], dim=time_dim)
     assert k is not None and v is not None
-    key_padding_mask = _append_prev_key_padding_mask(
-        key_padding_mask=key_padding_mask, prev_key_padding_mask=saved_state.get("prev_key_padding_mask"),
-        batch_size=k.size(0), src_len=k.size(time_dim), static_kv=static_kv)
+    key_padding_mask = append_key_padding(key_padding_mask, saved_state.get("prev_key_padding_mask"), k.size(0),
+                                          k.size(time_dim), static_kv)
     saved_state["prev_key"], saved_state["prev_value"] = k, v
     saved_state["prev_key_padding_mask"] = key_padding_mask
     return k, v, key_padding_mask

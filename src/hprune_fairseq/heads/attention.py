@@ -7,10 +7,10 @@ Compared with the stock module it adds, in one place:
   * `record_weights` / `record_outputs` / `record_contributions`: keep the last call's per-head attention weights,
     per-head outputs (for head roles and gradient importance; `head_outputs` stays in the autograd graph) and
     each head's share of the output (for mask tuning);
-  * `prune_heads`: physical removal of heads (q/k/v rows and out_proj columns); a module left with no head
+  * `keep_heads`: physical removal of heads (q/k/v rows and out_proj columns); a module left with no head
     returns its out_proj bias;
-  * `gate`: an optional Hard Concrete gate per head (Voita et al.), multiplying the head outputs (computed
-    as a scaling of the head's out_proj columns);
+  * `gate`: a pruning mechanism's optional gate per head (mechanisms/: Hard Concrete, DSP's selection),
+    multiplying the head outputs (computed as a scaling of the head's out_proj columns);
   * torch SDPA whenever no attention weights are needed.
 Heads keep their original ids (`head_ids`) through pruning, so masks always have the unpruned layout.
 It never takes fairseq's fast path (`F.multi_head_attention_forward`), which would silently skip the mask
@@ -88,7 +88,7 @@ class HeadAttention(HeadUnits, MultiheadAttention):
             out = query.new_zeros(tgt_len, bsz, self.out_proj.out_features)
             return (out if self.out_proj.bias is None else out + self.out_proj.bias.to(out.dtype)), None
 
-        saved_state = self._get_input_buffer(incremental_state) if incremental_state is not None else None
+        saved_state = self.input_buffer(incremental_state) if incremental_state is not None else None
         if saved_state is not None and static_kv and "prev_key" in saved_state:
             key = value = None  # encoder keys/values were cached at the first step
 
@@ -109,7 +109,7 @@ class HeadAttention(HeadUnits, MultiheadAttention):
 
         if saved_state is not None:  # cached as (batch, heads, len, head_dim), the stock layout
             k, v, key_padding_mask = cached_keys_values(saved_state, k, v, key_padding_mask, static_kv, time_dim=2)
-            self._set_input_buffer(incremental_state, saved_state)
+            self.store_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
         kv_bsz, src_len = k.size(0), k.size(2)
         beams = bsz // kv_bsz

@@ -18,14 +18,19 @@ fixed learning rate lr and logit_scale = pruning_lr / lr the logits move at abou
 reference's own parameter group for them does (its Adam leaves that group's rate out of the schedule), and
 fairseq-train needs no optimizer of its own.
 """
-from __future__ import annotations
+# (No `from __future__ import annotations`: fairseq builds its argument parser from real field types.)
 
 import math
-from typing import List
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import torch
+from fairseq.dataclass import FairseqDataclass
 from torch import Tensor, nn
 
+from hprune.attention_types import ATTENTION_TYPES, check_attention_types
+
+from . import Mechanism, register_mechanism
 from .gates import uniform_per_worker
 
 TINY = torch.finfo(torch.float64).tiny
@@ -130,3 +135,74 @@ class SubsetGate:
 
     def deterministic(self) -> Tensor:
         return self.selector.deterministic()[self.start:self.start + self.size]
+
+
+@dataclass
+class SubsetConfig(FairseqDataclass):
+    """The model flags of DSP's subset selection (fairseq generates them from this)."""
+    dsp_heads: Optional[int] = field(default=None, metadata={
+        "help": "Differentiable Subset Pruning: keep exactly K heads of --dsp-types"})
+    dsp_types: Optional[str] = field(default=None, metadata={
+        "help": "attention types whose heads DSP selects from, comma-separated (default: all three)"})
+    dsp_temperature: str = field(default=",".join(map(str, TEMPERATURE)), metadata={
+        "help": "DSP: initial and final temperature, T0,T1"})
+    dsp_cooldown: int = field(default=COOLDOWN, metadata={
+        "help": "DSP: updates over which the temperature falls (log-linearly)"})
+    dsp_straight_through: bool = field(default=False, metadata={
+        "help": "DSP: hard top-K in the forward pass, gradients straight through"})
+    dsp_logit_scale: float = field(default=1.0, metadata={
+        "help": "DSP: logits = C · θ, so Adam moves them about C times the learning rate"})
+    dsp_logits_only: bool = field(default=False, metadata={
+        "help": "DSP: train the logits only, the model frozen (the reference's pipelined mode)"})
+
+
+def _draw_subset(model, args) -> None:
+    """Each training forward draws its mask first (a hook, not a forward override: the model stays scriptable)."""
+    selector = getattr(model, "head_selector", None)
+    if selector is not None and model.training:
+        selector.sample()
+
+
+class SubsetSelection(Mechanism):
+    name = "subset_selection"
+    config = SubsetConfig
+
+    def wanted(self, args) -> bool:
+        return getattr(args, "dsp_heads", None) is not None
+
+    def install(self, model, args) -> None:
+        """One logit per head of --dsp-types, initialised Xavier-uniform for a (sublayers, heads per sublayer)
+        matrix as the reference's; each module's gate its slice of the mask."""
+        temperature = getattr(args, "dsp_temperature", None)
+        initial, final = (float(t) for t in temperature.split(",")) if temperature else TEMPERATURE
+        types = check_attention_types((getattr(args, "dsp_types", None) or ",".join(ATTENTION_TYPES)).split(","),
+                                      "--dsp-types", "enc-self")
+        modules = [m for kind, _, m in model.attention_modules() if kind in types]
+        sizes = [m.num_heads for m in modules]
+        bound = math.sqrt(6.0 / (len(modules) + max(sizes)))
+        model.head_selector = SubsetSelector(sum(sizes), args.dsp_heads, (initial, final),
+                                             getattr(args, "dsp_cooldown", COOLDOWN),
+                                             getattr(args, "dsp_straight_through", False),
+                                             getattr(args, "dsp_logit_scale", 1.0), bound
+                                             ).to(next(model.parameters()).device)
+        for module, gate in zip(modules, model.head_selector.gates(sizes)):
+            module.gate = gate
+        model.register_forward_pre_hook(_draw_subset)
+        if getattr(args, "dsp_logits_only", False):
+            for name, p in model.named_parameters():
+                p.requires_grad_(name == "head_selector.theta")
+
+    def present(self, model) -> bool:
+        return getattr(model, "head_selector", None) is not None
+
+    def upgrade_state_dict(self, model, state_dict: dict, prefix: str) -> None:
+        """A DSP model loads a plain checkpoint: its logits where they were initialised, its update count 0."""
+        if f"{prefix}head_selector.theta" not in state_dict:
+            state_dict[f"{prefix}head_selector.theta"] = model.head_selector.theta.detach().clone()
+            state_dict[f"{prefix}head_selector.step"] = torch.zeros((), dtype=torch.long)
+
+    def remove(self, model) -> None:
+        delattr(model, "head_selector")
+
+
+register_mechanism(SubsetSelection())
