@@ -40,8 +40,8 @@ def test_only_the_backend_imports_fairseq():
 LAYERS = [
     {"errors"},
     {"attention_types", "files", "launch"},
-    {"model_folder", "translations", "console", "pruning", "flops", "deploy"},
-    {"hub"},
+    {"model_folder", "rundir", "console", "pruning", "flops"},
+    {"hub", "deploy"},
     {"analysis", "reporting", "backend"},
     {"data"},
     {"session"},

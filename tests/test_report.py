@@ -259,7 +259,7 @@ def test_significance_controls_and_seeds_in_the_report(tmp_path):
                                             **controlled("v", lam == 0)},
                        config={"seed": 1, "ckpt": CKPT, "prune": {"types": ["enc-self"], "l0_lambda": lam}})
     collection = collect([tmp_path])
-    tests = tables.Translations(200, 3)
+    tests = tables.SavedHypotheses(200, 3)
     table = tables.comparison(collection, [50], tests=tests)
     cli_random = sacrebleu_paired(tmp_path / "cli1", references, start, rand, 200, 3)
     cli_pair = sacrebleu_paired(tmp_path / "cli2", references, michel, rand, 200, 3)

@@ -168,7 +168,7 @@ class Session:
         return test_set_of(self.data_bin, split)
 
     # ---------------------------------------------------------------------------------------- measuring
-    def translate(self, split: Optional[str] = None) -> Tuple[backend.Translations, dict]:
+    def translate(self, split: Optional[str] = None) -> Tuple[backend.BeamSearchResult, dict]:
         """Beam search on a split (cfg.split) with cfg.generation, scored against the split's raw references:
         (translations, {bleu, chrf and their signatures})."""
         cfg, split = self.cfg, split or self.cfg.split

@@ -20,14 +20,15 @@ from typing import Dict, List, Sequence
 import numpy as np
 import pandas as pd
 
+from ..rundir import RunDir
+
 EXACT_LIMIT = 200_000
 
 
 def sweep_masks(sweep_dir: Path) -> Dict[float, dict]:
-    """{λ: head mask} of the Voita runs of a sweep (its job folders)."""
-    runs = sorted(path.parent for path in Path(sweep_dir).glob("*/metrics.json"))
-    return {json.loads((run / "metrics.json").read_text())["l0_lambda"]: json.loads((run / "head_mask.json").read_text())
-            for run in runs}
+    """{λ: head mask} of the finished Voita runs of a sweep (its job folders)."""
+    runs = sorted(run for run in RunDir.under(sweep_dir) if run.path != Path(sweep_dir) and run.finished)
+    return {run.metrics()["l0_lambda"]: json.loads(run.head_mask.read_text()) for run in runs}
 
 
 def survival(masks: Dict[float, dict], heads: Sequence[tuple]) -> np.ndarray:

@@ -35,7 +35,7 @@ from .commands import (  # noqa: E402
 from .compat import HPRUNE_ARCHS, MOA_ARCHS, PLUGIN_DIR, resolve_device  # noqa: E402
 from .finetuning import finetune  # noqa: E402
 from .generation import (  # noqa: E402
-    Translations,
+    BeamSearchResult,
     batches,
     sampled_batches,
     split_loss,
@@ -67,7 +67,7 @@ from .training import (  # noqa: E402
     train,
 )
 
-__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "Translations",
+__all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "BeamSearchResult",
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",

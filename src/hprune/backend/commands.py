@@ -12,6 +12,7 @@ from omegaconf import DictConfig, ListConfig
 from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..errors import UserError
 from ..pruning.heads import kept_ids, read_mask
+from ..rundir import LAST
 from .compat import MOA_ARCHS, PLUGIN_DIR, check_precision, resolve_device
 
 
@@ -81,7 +82,7 @@ def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save
             continue
         arch_options += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
     checkpoints = ["--no-epoch-checkpoints"]
-    if not (save_dir / "checkpoint_last.pt").exists():
+    if not (save_dir / LAST).exists():
         checkpoints += ["--restore-file", str(ckpt), "--reset-optimizer", "--reset-lr-scheduler",
                         "--reset-dataloader", "--reset-meters"]
     return fairseq_train_argv(data_dir, task_cfg.source_lang, task_cfg.target_lang, model_cfg.arch,

@@ -19,7 +19,7 @@ from .loading import Loaded
 
 
 @dataclass
-class Translations:
+class BeamSearchResult:
     hypotheses: List[str]  # by sentence id, post-processed as fairseq-generate's D- lines
     symbols: List[List[str]]  # by sentence id, the same hypotheses as target symbols (no eos)
     sentences: int
@@ -35,7 +35,7 @@ def _generation_cfg(argv: tuple) -> DictConfig:
 
 
 def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
-              post_process: Optional[str] = None, tokenizer: Optional[str] = None) -> Translations:
+              post_process: Optional[str] = None, tokenizer: Optional[str] = None) -> BeamSearchResult:
     """Beam search over a split exactly as fairseq-generate does it (same batching, generator and post-processing)."""
     from fairseq import utils
     from fairseq.logging.meters import StopwatchMeter
@@ -95,7 +95,7 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
     missing = len(dataset) - len(hypotheses)
     if missing:
         raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")
-    return Translations([hypotheses[i] for i in range(len(dataset))], [symbols[i] for i in range(len(dataset))],
+    return BeamSearchResult([hypotheses[i] for i in range(len(dataset))], [symbols[i] for i in range(len(dataset))],
                         len(hypotheses), timer.n, timer.sum)
 
 

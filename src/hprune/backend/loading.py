@@ -18,9 +18,10 @@ from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointErr
 
 from ..errors import UserError
 from ..model_folder import is_hf_dir, is_hub_id
+from ..rundir import AVERAGED, BEST, LAST, RunDir
 from .compat import HPRUNE_ARCHS, check_precision, resolve_device, upgrade_checkpoint
 from .hf import import_hf
-from .training import AVERAGED, save_checkpoint_atomic
+from .training import save_checkpoint_atomic
 
 log = logging.getLogger(__name__)
 
@@ -141,47 +142,25 @@ def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/mod
         path = fetch_hub(str(ckpt), Path(models_root))
     if is_hf_dir(path):
         return import_hf(path, Path(models_root))
-    run = _run_dir_of(path)
+    run = RunDir.of(path)
     if not path.is_dir():
-        if run is not None and not (run / "metrics.json").exists():
-            log.warning("%s belongs to a run that did not finish (%s has no metrics.json): it is used as it is", path, run)
+        if run is not None and not run.finished:
+            log.warning("%s belongs to a run that did not finish (%s has no metrics.json): it is used as it is", path,
+                        run.path)
         return path
-    if run is not None and not (run / "metrics.json").exists():
-        raise UserError(f"{run} is a run that did not finish (no metrics.json: it was stopped, or is still running), "
-                        f"so its checkpoints are not its result; finish it with `{_resume_command(run)}`, or pass "
-                        f"ckpt={run / 'checkpoints' / 'checkpoint_last.pt'} to use its last checkpoint as it is")
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    for name in (AVERAGED, "checkpoint_best.pt", "model.pt"):
+    if run is not None and not run.finished:
+        raise UserError(f"{run.path} is a run that did not finish (no metrics.json: it was stopped, or is still running), "
+                        f"so its checkpoints are not its result; finish it with `{run.resume_command()}`, or pass "
+                        f"ckpt={run.checkpoint(LAST)} to use its last checkpoint as it is")
+    folder = RunDir(path).checkpoints if RunDir(path).checkpoints.is_dir() else path
+    for name in (AVERAGED, BEST, "model.pt"):
         if (folder / name).exists():
             return folder / name
     members = sorted(folder.glob("model[0-9]*.pt"), key=lambda p: int(p.stem[5:]) if p.stem[5:].isdigit() else 0)
     if members:
         raise UserError(f"{folder} holds an ensemble of {len(members)} models ({', '.join(p.name for p in members)}); "
                         f"hprune measures one model at a time: pass one of them, e.g. ckpt={members[0]}")
-    return folder / "checkpoint_best.pt"
-
-
-def _run_dir_of(path: Path) -> Optional[Path]:
-    """The hprune run dir (the folder with Hydra's .hydra/) that `path` is, or whose checkpoints/ holds it."""
-    for candidate in (path, path.parent, path.parent.parent):
-        if (candidate / ".hydra" / "config.yaml").is_file():
-            return candidate
-        if candidate.name != "checkpoints" and candidate != path:
-            return None
-    return None
-
-
-def _resume_command(run: Path) -> str:
-    """The command that ran `run` (its verb and overrides as Hydra recorded them), writing into it again: a
-    train run resumes from its checkpoint_last.pt."""
-    import shlex
-
-    from omegaconf import OmegaConf
-
-    verb = OmegaConf.load(run / ".hydra" / "config.yaml").get("verb", "train")
-    overrides_file = run / ".hydra" / "overrides.yaml"
-    overrides = list(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
-    return " ".join(["hprune", verb, *map(shlex.quote, overrides), shlex.quote(f"hydra.run.dir={run}")])
+    return folder / BEST
 
 
 def load_model(ckpt: Path | Checkpoint, data_dir: Path, device: str = "cpu", precision: str = "fp32",

@@ -21,11 +21,11 @@ from ..console import training_progress
 from ..errors import JobFailed, UserError
 from ..files import replaced_atomically, write_atomic
 from ..launch import is_rank_zero, launched, worker_threads
+from ..rundir import AVERAGED, LAST
 from .compat import forget_best_checkpoint, frozen_heap, to_omegaconf
 from .distributed import init_timeout, join_slurm_step, plan, process_group_timeout, rank_flags, start_workers
 
 log = logging.getLogger(__name__)
-AVERAGED = "checkpoint_averaged.pt"
 
 
 def binarize(text_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 1, joined: bool = True,
@@ -159,7 +159,7 @@ def agree_on_resume_point(save_dir: Path, rank_zero: Optional[int]) -> None:
     """Every worker resumes from the checkpoint it reads itself: they must all see rank 0's (the updates it
     holds, or none). A worker that sees another (a node-local disk, a copy out of date) ends every worker with
     one line, before anything is trained."""
-    last = save_dir / "checkpoint_last.pt"
+    last = save_dir / LAST
     mine = None
     if last.exists():
         try:
@@ -188,7 +188,7 @@ def repair_resume_point(save_dir: Path) -> Optional[int]:
     """
     for partial in save_dir.glob("*.tmp"):
         partial.unlink()
-    last = save_dir / "checkpoint_last.pt"
+    last = save_dir / LAST
     if not last.exists():
         return None
     try:

@@ -26,14 +26,21 @@ a constant at min_len 1 and by one that depends on the prefix beyond, which can 
 """
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from ..attention_types import ATTENTION_TYPES
 from ..errors import UserError
+from ..files import build_once, write_atomic
+from ..flops import mask_macs
+from . import register_exporter
 
 # quantization=: CTranslate2's weight types; none keeps the weights as they are (float32)
 QUANTIZATIONS = ("none", "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -52,6 +59,10 @@ def _ctranslate2():
 def check_quantization(quantization: str) -> None:
     if quantization not in QUANTIZATIONS:
         raise UserError(f"quantization={quantization} is not one of {', '.join(QUANTIZATIONS)}")
+
+
+def check(cfg) -> None:
+    check_quantization(cfg.quantization)
 
 
 def stack_heads(model) -> Dict[str, int]:
@@ -426,3 +437,92 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
                 best[name] = max(best[name], len(sources) / (time.perf_counter() - started))
         speed[length] = {name: round(value, 2) for name, value in best.items()}
     return speed
+
+
+PARITY_REFERENCES = 200  # reference translations whose log-probabilities the export is checked on
+
+
+@register_exporter("ctranslate2", check=check)
+def export(session, mask: dict, out: Path, cfg) -> dict:
+    """A CTranslate2 model directory with the model's subword files and a README, checked against hprune's model
+    under the mask before it is kept (check_parity), its speed measured against the unpruned model's."""
+    model = session.pruned_copy(mask)
+    spec = model_spec(model, session.loaded.cfg.model, *session.dictionaries)  # what it cannot hold: now
+    dest = out / "ctranslate2"
+    shutil.rmtree(dest, ignore_errors=True)  # an export run again into the same run dir is written anew
+    subwords = session.subword_files()
+    sources = session.source_tokens(cfg.split)
+    limits = length_limits(sources, cfg.generation, session.max_target_positions)
+    with session.masked(mask):  # hprune's beam search on the masked model, the same split and settings
+        masked, hprune_quality = session.translate()  # (BLEU only: no validation loss needed here)
+    checked = {}
+
+    def build(staging: Path) -> None:
+        # the float32 model first: checked against hprune's before anything is kept
+        save(spec, staging, "none")
+        with session.masked(mask):
+            checked["translations"], checked["parity"] = check_parity(
+                str(staging), sources, masked.symbols, cfg.generation, limits,
+                session.sentence_pairs(cfg.split, PARITY_REFERENCES), session,
+                exact=cfg.precision == "fp32", device=session.device, threads=cfg.threads)
+        failure = checked["parity"].failure()
+        if failure:
+            raise UserError(f"{failure}; nothing was written (docs/deploy.md, 'Checked on every export')")
+        if cfg.quantization not in ("none", "float32"):
+            for path in staging.iterdir():
+                path.unlink()
+            save(model_spec(model, session.loaded.cfg.model, *session.dictionaries), staging,
+                             cfg.quantization)
+            checked["translations"] = translate(str(staging), sources, cfg.generation, limits,
+                                                            session.device, cfg.threads)
+        for path in subwords:
+            shutil.copy(path, staging / path.name)
+        write_atomic(staging / "README.md", readme(session.data, [p.name for p in subwords], cfg.quantization))
+
+    build_once(dest, "README.md", build)
+    parity = checked["parity"]
+    theirs, quality = session.score_symbols(checked["translations"], cfg.split)
+    metrics = {}
+    metrics.update({"split": cfg.split, "bleu": quality["bleu"], "bleu_hprune": hprune_quality["bleu"],
+                    "bleu_signature": quality["bleu_signature"],
+                    "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)),
+                    **parity.metrics()})
+
+    # speed in CTranslate2: this export against the unpruned model written the same way
+    with tempfile.TemporaryDirectory() as unpruned:
+        save(model_spec(session.pruned_copy(session.unpruned_mask()), session.loaded.cfg.model,
+                                                *session.dictionaries), unpruned, cfg.quantization)
+        models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
+        length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
+        measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads,
+                                               device=session.device, lengths=(None, length))
+        speed = {"free": measured[None], "fixed": measured[length]}
+    heads = stack_heads(model)
+    alignment_layer, alignment_heads = alignment(model.decoder)
+    costs = session.unit_costs()
+    macs = {name: mask_macs(costs, m, ATTENTION_TYPES)
+            for name, m in (("mask", mask), ("ctranslate2", padded_mask(mask, heads)),
+                            ("unpruned", session.unpruned_mask()))}
+    metrics.update({"export_dir": str(dest.absolute()), "quantization": cfg.quantization,
+                    "ctranslate2_encoder_heads": heads["encoder"], "ctranslate2_decoder_heads": heads["decoder"],
+                    "ctranslate2_alignment_layer": alignment_layer, "ctranslate2_alignment_heads": alignment_heads,
+                    "attention_macs_pct_mask": round(100 * macs["mask"] / macs["unpruned"], 2),
+                    "attention_macs_pct_ctranslate2": round(100 * macs["ctranslate2"] / macs["unpruned"], 2),
+                    "subword_files": [p.name for p in subwords], "speed_split": cfg.speed_split,
+                    "sentences_per_s_ctranslate2": speed["free"]["pruned"],
+                    "sentences_per_s_ctranslate2_unpruned": speed["free"]["unpruned"],
+                    "speedup_ctranslate2": round(speed["free"]["pruned"] / speed["free"]["unpruned"], 3),
+                    "decoding_length_fixed": length,
+                    "speedup_ctranslate2_fixed_length": round(speed["fixed"]["pruned"] / speed["fixed"]["unpruned"], 3)})
+    m = metrics
+    print(f"CTranslate2 model: {dest} ({cfg.quantization}); BLEU {m['bleu']:.2f} on {cfg.split} (hprune, masked: "
+          f"{m['bleu_hprune']:.2f}; {m['translations_differ']} of {len(theirs)} translations differ: float32 "
+          f"{parity.describe()}); heads per layer: "
+          f"encoder {heads['encoder']}, decoder {heads['decoder']}; attention MACs {m['attention_macs_pct_ctranslate2']} "
+          f"% of the unpruned model's (the mask's: {m['attention_macs_pct_mask']} %); {speed['free']['pruned']} "
+          f"sentences/s against the unpruned model's {speed['free']['unpruned']} ({m['speedup_ctranslate2']}x, beam "
+          f"{cfg.generation.beam}, {cfg.speed_split} split), {m['speedup_ctranslate2_fixed_length']}x with every "
+          f"translation {length} tokens long (the same decoding steps)")
+    return metrics
+
+

@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Set
 import pandas as pd
 from omegaconf import DictConfig
 
-from .. import console, translations
+from .. import console
 from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..errors import UserError
 from ..files import run_dir, write_atomic, write_json
@@ -41,6 +41,7 @@ from ..pruning.heads import (
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from ..reporting.tables import markdown
+from ..rundir import PRUNED, RunDir, save_hypotheses
 from ..session import delta_bleu
 from . import MethodSettings
 
@@ -171,7 +172,7 @@ def finetuning_control(session, cfg: DictConfig, pool: Set[Head], steps: List[fl
             if heads_to_prune(len(pool), pct):
                 session.finetune(None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
                 controls[step] = session.evaluate(None)
-                translations.save(run_dir(), f"control.{step}", controls[step])
+                save_hypotheses(run_dir(), f"control.{step}", controls[step])
             bar.advance(1)
     session.load_state(initial_state)
     return controls
@@ -216,7 +217,7 @@ def curve(session, cfg: DictConfig, pool: Set[Head], method: str, steps: List[fl
                 row.update(bleu_control=control["bleu"], delta_bleu_control=delta_bleu(result, control))
             if n and cfg.significance.resamples:
                 row.update(compared(result, unpruned, against.get(step), control, cfg))
-            translations.save(run_dir(), f"{method}.{step}", result)
+            save_hypotheses(run_dir(), f"{method}.{step}", result)
             rows.append(row)
             results[step] = result
             on_row(rows)
@@ -283,7 +284,7 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
             method_results = {step: r for step, r in results.items() if step > 0}
     table = pd.DataFrame(all_rows)
     plots.bleu_curve(table, unpruned["bleu"], out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
-    write_json(out / "head_mask.json", chosen_mask)
+    write_json(RunDir(out).head_mask, chosen_mask)
 
     metrics = {
         "method": p.method, "layout": p.layout, "split": cfg.split,
@@ -300,7 +301,7 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
     if p.export:
         if chosen_weights is not None:
             session.load_state(chosen_weights)  # the fine-tuned weights of the chosen step
-        metrics.update(session.export(chosen_mask, out / "checkpoints" / "checkpoint_pruned.pt", chosen_result))
+        metrics.update(session.export(chosen_mask, RunDir(out).checkpoint(PRUNED), chosen_result))
     print(markdown(table.drop(columns=CURVE_ONLY)), end="")
     print(f"head_mask.json: {chosen['pct_pruned']} % of {len(pool)} heads pruned ({p.layout} layout), BLEU "
           f"{chosen['bleu']:.2f} ({chosen['delta_bleu']:+.2f} vs unpruned)")

@@ -41,7 +41,6 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from .. import translations
 from ..attention_types import check_attention_types
 from ..errors import UserError
 from ..files import write_atomic, write_json
@@ -49,6 +48,7 @@ from ..flops import mask_macs
 from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
+from ..rundir import PRUNED, RunDir, save_hypotheses
 from ..session import delta_bleu
 from . import MethodSettings, Report, register_method, trained
 
@@ -230,7 +230,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     costs = session.unit_costs()
     base = mask_macs(costs, session.unpruned_mask(), types)
     unpruned = session.evaluate(None)
-    translations.save(out, "unpruned", unpruned)
+    save_hypotheses(out, "unpruned", unpruned)
 
     started = time.perf_counter()
     heads, grads = mask_gradients(model, batches, session.pad, per=p.fisher.removeprefix("per_"))
@@ -258,7 +258,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     for stage, heads_kept in kept.items():
         stage_mask = mask_without(model, pool - heads_kept)
         results[stage] = session.evaluate(stage_mask)
-        translations.save(out, stage, results[stage])
+        save_hypotheses(out, stage, results[stage])
         stages.append(_stage_row(session, stage, stage_mask, results[stage], unpruned, types))
     scales, stopped = {}, "off"
     if p.tune:
@@ -274,7 +274,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
                                 results[stage]["references"], sig.resamples or STAGE_RESAMPLES, sig.seed)
         row.update(p_vs_previous=round(test["p_value"], 4), significant_vs_previous=test["significant"])
     result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
-    translations.save(out, "pruned", result)
+    save_hypotheses(out, "pruned", result)
 
     table = pd.DataFrame([{"type": h[0], "layer": h[1], "head": h[2], "fisher": float(importance[i]),
                            "kept_search": int(h in kept["search"]), "kept": int(h in final),
@@ -282,7 +282,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
                           for i, h in enumerate(heads) if h[0] in types])
     write_atomic(out / "fisher.csv", table.to_csv(index=False))
     write_atomic(out / "stages.csv", pd.DataFrame(stages).to_csv(index=False))
-    write_json(out / "head_mask.json", mask)
+    write_json(RunDir(out).head_mask, mask)
     macs = mask_macs(costs, mask, types)
     metrics = {
         "method": "fisher", "layout": p.layout, "split": cfg.split, "types": types, "macs_budget": p.macs_budget,
@@ -295,7 +295,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **session.provenance(),
     }
     if p.export:
-        metrics.update(session.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result))
+        metrics.update(session.export(mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))
     print(summary(metrics))
     return metrics

@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from .. import backend, translations
+from .. import backend
 from ..files import write_json
 from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of, scores_by_head
+from ..rundir import LAST, PRUNED, RunDir, save_hypotheses
 from ..session import delta_bleu
 
 
@@ -21,20 +22,20 @@ def train(start, cfg: DictConfig, options: list, out: Path, label: str):
     """fairseq-train from start's checkpoint with the hprune criterion, `options` and prune.optim: the trained
     model, reopened on start's data (its gates still in), and the seconds the training took (this process's
     share, if it resumed)."""
-    save = out / "checkpoints"
+    save = RunDir(out).checkpoints
     plugins = [entry for entry in os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep) if entry]
     if plugins:  # a mechanism registered outside hprune: the checkpoint records where it comes from
         options = options + ["--plugin-modules", ",".join(plugins)]
     argv = start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
     started = time.perf_counter()
     backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
-    return start.reopen(save / "checkpoint_last.pt"), round(time.perf_counter() - started, 3)
+    return start.reopen(RunDir(out).checkpoint(LAST)), round(time.perf_counter() - started, 3)
 
 
 def unpruned(start, cfg: DictConfig, out: Path) -> tuple:
     """The pool of prune.types' heads and the start's evaluation (its translations saved), before any training."""
     result = start.evaluate(None)
-    translations.save(out, "unpruned", result)
+    save_hypotheses(out, "unpruned", result)
     return pool_of(start.model, cfg.prune.types), result
 
 
@@ -54,8 +55,8 @@ def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path)
     closed = {(r.type, int(r.layer), int(r.head)) for r in table.itertuples() if not r.kept}
     mask = trained.fold_mechanisms(mask_without(trained.model, closed))
     result = trained.evaluate(mask)
-    translations.save(out, "pruned", result)
-    write_json(out / "head_mask.json", mask)
+    save_hypotheses(out, "pruned", result)
+    write_json(RunDir(out).head_mask, mask)
     return table, closed, mask, result
 
 
@@ -87,12 +88,12 @@ def finetune_and_export(start, trained, cfg: DictConfig, mask: dict, result: dic
     if p.finetune.updates:
         trained.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
         result = trained.evaluate(mask)
-        translations.save(out, "finetuned", result)
+        save_hypotheses(out, "finetuned", result)
         found.update(finetune_updates=p.finetune.updates, bleu_finetuned=result["bleu"],
                      delta_bleu_finetuned=delta_bleu(result, unpruned),
                      valid_loss_finetuned=result["valid_loss"])
     if p.export:
-        found.update(trained.export(mask, out / "checkpoints" / "checkpoint_pruned.pt", result,
+        found.update(trained.export(mask, RunDir(out).checkpoint(PRUNED), result,
                                     config_from=start.checkpoint))
     return found
 

@@ -18,13 +18,14 @@ from typing import Any, Dict, List, Optional
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .. import backend, translations
+from .. import backend
 from ..attention_types import check_attention_types
 from ..errors import UserError
 from ..files import write_atomic
 from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
+from ..rundir import BEST, LAST, RunDir, save_hypotheses
 from ..session import delta_bleu
 from . import Control, MethodSettings, Report, register_method, trained
 from .curve import FinetuneSettings
@@ -73,13 +74,13 @@ def check_budget(p: DictConfig, n_heads: int) -> None:
 
 
 def training_recipe(ckpt: Path) -> DictConfig:
-    """The `hprune train` settings ckpt was trained with (its run dir's .hydra/config.yaml)."""
-    config = ckpt.parent.parent / ".hydra" / "config.yaml"
-    recipe = OmegaConf.load(config) if config.exists() else None
+    """The `hprune train` settings ckpt was trained with (its run dir's config)."""
+    run = RunDir.of(ckpt)
+    recipe = run.config() if run is not None else None
     if recipe is None or recipe.get("verb") != "train":
-        raise UserError(f"prune.from_scratch=true needs the `hprune train` run of {ckpt} ({config} is missing); "
+        raise UserError(f"prune.from_scratch=true needs the `hprune train` run of {ckpt} (no run dir holds it); "
                         "train the control yourself: hprune train head_mask=<this run>/head_mask.json <its settings>")
-    return recipe
+    return OmegaConf.create(recipe)
 
 
 def alive_over_training(log: Path) -> pd.DataFrame:
@@ -136,16 +137,17 @@ def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned
         "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(start.data, resolve=True),
         "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path),
         "tensorboard": cfg.get("tensorboard", False)})
-    save = out / "scratch" / "checkpoints"
+    scratch = RunDir(out / "scratch")
+    save = scratch.checkpoints
     backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh",
                   label="from scratch", distributed=cfg.get("distributed"))
-    trained = start.reopen(save / "checkpoint_best.pt")
+    trained = start.reopen(scratch.checkpoint(BEST))
     result = trained.evaluate(None)
-    translations.save(out, "scratch", result)
+    save_hypotheses(out, "scratch", result)
     metrics = {"bleu_scratch": result["bleu"], "delta_bleu_scratch": delta_bleu(result, unpruned),
                "valid_loss_scratch": result["valid_loss"],
-               "scratch_checkpoint": str((save / "checkpoint_best.pt").absolute()),
-               "scratch_updates": backend.checkpoint_summary(save / "checkpoint_last.pt")["num_updates"]}
+               "scratch_checkpoint": str(scratch.checkpoint(BEST).absolute()),
+               "scratch_updates": backend.checkpoint_summary(scratch.checkpoint(LAST))["num_updates"]}
     sig = cfg.significance
     if sig.resamples:
         test = paired_bootstrap(unpruned["hypotheses"], result["hypotheses"], result["references"], sig.resamples,
@@ -201,7 +203,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     }
     metrics.update(trained.finetune_and_export(start, gated, cfg, mask, pruned, unpruned, out))
     if p.from_scratch:
-        metrics.update(from_scratch(start, recipe, out / "head_mask.json", out, unpruned))
+        metrics.update(from_scratch(start, recipe, RunDir(out).head_mask, out, unpruned))
     print(summary(metrics))
     return metrics
 

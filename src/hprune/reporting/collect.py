@@ -14,12 +14,12 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
-import yaml
 
 from ..errors import UserError
+from ..rundir import RunDir
 
 # config keys that must agree for two runs' BLEU scores to be comparable
 SCORING_KEYS = ("data.name", "data.src_lang", "data.tgt_lang", "split", "generation.beam", "generation.lenpen")
@@ -50,13 +50,12 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def run_dirs(roots: list[Path]) -> list[Path]:
-    found = set()
+    found: dict = {}
     for root in roots:
         if not root.is_dir():
             raise UserError(f"{root} is not a folder; pass the folder(s) holding hprune run dirs, e.g. "
                             "`hprune report outputs/`")
-        found |= {config.parent.parent for config in root.rglob(".hydra/config.yaml")}
-    # numbered job folders in numeric order; a number sorts before a name at the same depth (1, 2, ..., report)
+        found.update(dict.fromkeys(run.path for run in RunDir.under(root)))
     return sorted(found, key=lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.parts])
 
 
@@ -69,8 +68,7 @@ def _label(run: Path, roots: list[Path]) -> str:
 
 def read_overrides(run: Path) -> list[str]:
     """The command-line overrides Hydra recorded for a run (or a sweep job)."""
-    overrides_file = run / ".hydra" / "overrides.yaml"
-    return (yaml.safe_load(overrides_file.read_text()) or []) if overrides_file.exists() else []
+    return RunDir(run).overrides()
 
 
 def _digest(tree) -> str:
@@ -82,31 +80,31 @@ def trained_by(checkpoint) -> tuple[str, Optional[int]]:
     of its settings without the seed, and its seed; for any other checkpoint (published, imported), its path and
     no seed."""
     path = Path(str(checkpoint))
-    config = path.parent.parent / ".hydra" / "config.yaml"
-    try:
-        train = yaml.safe_load(config.read_text()) if path.parent.name == "checkpoints" else None
-    except (OSError, yaml.YAMLError):
-        train = None
+    run = RunDir.of(path) if path.suffix == ".pt" else None
+    train = run.config() if run is not None else None
     if not isinstance(train, dict) or train.get("verb") != "train":
         return str(path), None
     return _digest({key: train.get(key) for key in RECIPE_KEYS}), train.get("seed")
 
 
-def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
-    """(row, None) for a finished run; (None, why) for an incomplete one; (None, None) for one to skip."""
-    try:
-        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+def read_run(run: Path, complete: Optional[Callable[[dict, dict], dict]] = None
+             ) -> tuple[Optional[dict], Optional[str]]:
+    """(row, None) for a finished run; (None, why) for an incomplete one; (None, None) for one to skip.
+    `complete(config, metrics)`: what a run written before its method declared it lacks (control and report
+    fields), from the method's own declaration (the report verb asks the methods' registry)."""
+    rundir = RunDir(run)
+    config = rundir.config()
+    if config is None:
         return None, "unreadable .hydra/config.yaml"
     if config.get("verb") in SKIPPED_VERBS:
         return None, None
-    metrics_file = run / "metrics.json"
-    if not metrics_file.exists():
+    if not rundir.finished:
         return None, "no metrics.json (failed, killed or still running)"
-    try:
-        metrics = json.loads(metrics_file.read_text())
-    except (OSError, ValueError):
+    metrics = rundir.metrics()
+    if metrics is None:
         return None, "unreadable metrics.json"
+    if complete is not None:
+        metrics = {**complete(config, metrics), **metrics}
     settings = _flatten(config)
     row = {"verb": config.get("verb"), **{k: settings.get(k) for k in SCORING_KEYS},
            "overrides": " ".join(read_overrides(run))}
@@ -121,11 +119,11 @@ def read_run(run: Path) -> tuple[Optional[dict], Optional[str]]:
     return row, None
 
 
-def collect(roots: list[Path]) -> Collection:
+def collect(roots: list[Path], complete: Optional[Callable[[dict, dict], dict]] = None) -> Collection:
     roots = [Path(r).expanduser().absolute() for r in roots]
     rows, curves, incomplete = [], [], []
     for run in run_dirs(roots):
-        row, why = read_run(run)
+        row, why = read_run(run, complete)
         label = _label(run, roots)
         if why:
             incomplete.append((label, why))

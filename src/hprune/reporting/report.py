@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..attention_types import ATTENTION_TYPES
 from ..errors import UserError
 from ..files import write_atomic
+from ..rundir import CHECKPOINTS
 from . import pages, plots, tables
 from .collect import Collection, collect
 
@@ -37,7 +39,7 @@ def _slug(text: str) -> str:
 def _model_label(checkpoint: str) -> str:
     """outputs/demo/checkpoints/checkpoint_best.pt -> demo: the train run a checkpoint belongs to."""
     path = Path(str(checkpoint))
-    return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+    return path.parent.parent.name if path.parent.name == CHECKPOINTS else path.stem  # <run>/checkpoints/<file>
 
 
 class Report:
@@ -170,16 +172,16 @@ def _attention_figures(report: Report, runs: pd.DataFrame) -> None:
                               lambda paths: plots.attention_grid(maps[key], rows, columns, paths, title))
 
 
-def build(cfg: DictConfig, out: Path) -> dict:
-    """The report of the runs under cfg.runs, written into `out`."""
+def build(cfg: DictConfig, out: Path, complete: Optional[Callable[[dict, dict], dict]] = None) -> dict:
+    """The report of the runs under cfg.runs, written into `out`; `complete`: see collect.read_run."""
     roots = OmegaConf.to_container(cfg.runs) if OmegaConf.is_list(cfg.runs) else [cfg.runs]
     group_by = list(cfg.group_by)
-    collection = collect([Path(r) for r in roots])
+    collection = collect([Path(r) for r in roots], complete)
     columns = list(cfg.columns) if cfg.columns else None
     runs = tables.runs_table(collection, columns, group_by)  # checks the columns first
     report = Report(cfg, out)
     sig = cfg.significance
-    tests = tables.Translations(sig.resamples, sig.seed)
+    tests = tables.SavedHypotheses(sig.resamples, sig.seed)
     sparsity = list(cfg.sparsity)
     comparison = tables.comparison(collection, sparsity, group_by, tests)
     if not comparison.empty:

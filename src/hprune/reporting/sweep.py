@@ -7,7 +7,6 @@ running elsewhere) is listed as incomplete, never silently dropped.
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Tuple
@@ -16,7 +15,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ..files import write_atomic
-from .collect import read_overrides
+from ..rundir import RunDir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,10 +48,9 @@ def sweep_rows(sweep_dir: Path) -> Tuple[pd.DataFrame, List[str], List[str]]:
     jobs, incomplete = [], []
     for job in sorted((p for p in Path(sweep_dir).iterdir() if (p / ".hydra").is_dir()),
                       key=lambda p: (len(p.name), p.name)):
-        overrides = read_overrides(job)
-        try:
-            metrics = json.loads((job / "metrics.json").read_text())
-        except (OSError, json.JSONDecodeError):
+        overrides = RunDir(job).overrides()
+        metrics = RunDir(job).metrics()
+        if metrics is None:
             incomplete.append(job.name)
             continue
         row = {"job": job.name}

@@ -14,8 +14,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .. import translations
 from ..errors import UserError
+from ..rundir import RunDir
 from .collect import SCORING_KEYS, Collection
 from .significance import paired_bootstrap
 
@@ -101,7 +101,7 @@ def pruning_points(collection: Collection) -> pd.DataFrame:
     """Every point of every pruning curve, and one point per prune run without a curve (a trained method's run is
     one point), with its reference: the unpruned model, or for a method that trains, its control where one ran.
     Columns: POINT_COLUMNS, reference, bleu_reference, and where the point's translations and the reference's
-    are (path, hyp; reference_path, reference_hyp: see hprune/translations.py)."""
+    are (path, hyp; reference_path, reference_hyp: see hprune/rundir.py)."""
     runs = with_controls(collection.runs)
     parts = []
     if not collection.curves.empty:
@@ -165,7 +165,7 @@ def measured_at(points: pd.DataFrame, target: float) -> Optional[pd.Series]:
     return near.iloc[0] if len(near) else None
 
 
-class Translations:
+class SavedHypotheses:
     """Saved translations of the runs, read once each, and paired bootstrap tests between them (sacreBLEU's);
     resamples=0 tests nothing."""
 
@@ -176,8 +176,8 @@ class Translations:
         """A run's hypotheses `name`, or its references with name=None; None where they were not saved."""
         if (path, name) not in self.cache:
             run = None if path is None or pd.isna(path) else Path(path)
-            self.cache[(path, name)] = (None if run is None else translations.references(run) if name is None
-                                        else translations.load(run, name))
+            self.cache[(path, name)] = (None if run is None else RunDir(run).references() if name is None
+                                        else RunDir(run).hypotheses(name))
         return self.cache[(path, name)]
 
     def test(self, base: pd.Series, point: pd.Series, against: str = "reference") -> Optional[dict]:
@@ -194,7 +194,7 @@ class Translations:
 
 
 def comparison(collection: Collection, sparsity: list[float], group_by: list[str] = (),
-               tests: Optional[Translations] = None) -> pd.DataFrame:
+               tests: Optional[SavedHypotheses] = None) -> pd.DataFrame:
     """One row per (model, pool, method): BLEU at each target sparsity and ΔBLEU against the method's reference
     (the unpruned model; a trained method's control); with `tests`, where a point was measured at that
     sparsity, the p-value of that difference (paired bootstrap over the test sentences)."""
@@ -227,7 +227,7 @@ def comparison(collection: Collection, sparsity: list[float], group_by: list[str
     return pd.DataFrame(rows)
 
 
-def pairwise(collection: Collection, sparsity: list[float], group_by: list[str], tests: Translations) -> pd.DataFrame:
+def pairwise(collection: Collection, sparsity: list[float], group_by: list[str], tests: SavedHypotheses) -> pd.DataFrame:
     """Methods against each other at matched sparsity, where both measured a point there: one row per pair (in
     the order the methods first appear), the second method's BLEU minus the first's, and its p-value."""
     points = pruning_points(collection)
@@ -329,7 +329,7 @@ def declared(runs: pd.DataFrame, key: str) -> list[str]:
     return list(found)
 
 
-def controlled(collection: Collection, tests: Optional[Translations] = None) -> pd.DataFrame:
+def controlled(collection: Collection, tests: Optional[SavedHypotheses] = None) -> pd.DataFrame:
     """Runs of the methods that train with a control (one row per setting of the knobs their methods declare),
     against that control where it ran: ΔBLEU (control), the pruning's own effect, and with `tests` its p-value;
     delta_bleu stays the change from the start, which for the control is what the extra training alone did."""

@@ -23,6 +23,7 @@ from ..console import quiet_console
 from ..errors import UserError
 from ..files import git_sha, run_dir, write_json
 from ..launch import check_verb, is_rank_zero
+from ..rundir import RunDir
 
 CONFIG_PATH = "pkg://hprune_configs"
 # what to say when a mandatory setting is left out
@@ -65,7 +66,7 @@ def hydra_app(config_name: str, writes_metrics: bool = True) -> Callable:
             if not writes_metrics or not is_rank_zero():
                 return result
             metrics = {**provenance(cfg), **result}
-            write_json(run_dir() / "metrics.json", metrics)
+            write_json(RunDir(run_dir()).metrics_file, metrics)
             return metrics
         return main
     return decorate

@@ -10,6 +10,7 @@ from ..errors import UserError
 from ..files import run_dir
 from ..launch import is_rank_zero
 from ..pruning.heads import read_mask
+from ..rundir import BEST, LAST, RunDir
 from . import hydra_app
 
 
@@ -32,18 +33,18 @@ def train(cfg: DictConfig) -> dict:
     with open_dict(cfg):
         cfg.data = bind(cfg.data)  # a data-bin's languages, read from its files
     out = run_dir()
-    save_dir = out / "checkpoints"
+    save_dir = RunDir(out).checkpoints
     argv = backend.train_argv(cfg, bin_dir(cfg.data, cfg.paths.data_root), save_dir)  # checks the settings first
     prepare(cfg.data, cfg.paths.data_root)
     started = time.perf_counter()
     workers = backend.train(argv, script=out / "fairseq-train.sh", distributed=cfg.distributed)
     if not is_rank_zero():  # one worker of many: rank 0 writes the results
         return {}
-    summary = backend.checkpoint_summary(save_dir / "checkpoint_last.pt")
+    summary = backend.checkpoint_summary(RunDir(out).checkpoint(LAST))
     averaged = backend.average_checkpoints(save_dir, int(cfg.average_last)) if cfg.average_last else None
     metrics = {
         "arch": cfg.model.arch, **summary, **workers, "device": backend.resolve_device(cfg.device),
-        "checkpoint": str(averaged or save_dir / "checkpoint_best.pt"),
+        "checkpoint": str(averaged or RunDir(out).checkpoint(BEST)),
         "seconds": round(time.perf_counter() - started, 1),
         "heads": heads_per_layer(cfg), "head_mask": cfg.head_mask,
     }
