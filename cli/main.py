@@ -14,13 +14,14 @@ import sys
 VERBS = {
     "train": ("hprune.runner.train", "train a Transformer with fairseq (default: tiny model on the synthetic task)"),
     "eval": ("hprune.runner.evaluate", "translate a split with a checkpoint; sacreBLEU BLEU/chrF to metrics.json"),
-    "data": ("hprune.runner.data", "`hprune data prepare data=toy|wmt14_en_de|...`: download, prepare, binarize (cached);"
+    "data": ("hprune.runner.data", "`hprune data prepare data={data}`: download, prepare, binarize (cached);"
                                    " `hprune data fetch published=NAME`: a published fairseq model"),
-    "prune": ("hprune.runner.prune", "`hprune prune --method michel|voita ckpt=PATH`: BLEU vs heads pruned, L0 gates"),
+    "prune": ("hprune.runner.prune", "`hprune prune --method {prune} ckpt=PATH`: which heads go, and what it costs"),
     "export": ("hprune.runner.export", "`hprune export ckpt=PATH [mask=head_mask.json] format=ctranslate2|fairseq`: "
                                        "the pruned model for a runtime"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
-    "report": ("hprune.runner.report", "`hprune report DIR ...`: method comparison, λ and MoA tables, plots over runs"),
+    "report": ("hprune.runner.report", "`hprune report DIR ...`: methods compared (matched sparsity, MACs, seeds), "
+                                       "controls, MoA, plots"),
 }
 # words before or between the overrides: `hprune data prepare` -> action=prepare (one of the choices);
 # `hprune report A B` -> runs=['A','B'] (choices None: any number of free values)
@@ -30,9 +31,20 @@ SUGAR = {"prune": {"--method": "prune"}}  # `hprune prune --method voita` -> pru
 USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
 
 
+def _choices(group: str) -> str:
+    """The configs of a group (configs/<group>/*.yaml), read from the folder without importing anything."""
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    folder = Path(next(iter(find_spec("hprune_configs").submodule_search_locations))) / group
+    return "|".join(sorted(path.stem for path in folder.glob("*.yaml")))
+
+
 def _help() -> str:
     lines = [USAGE, "", "verbs:"]
-    lines += [f"  {verb:<8} {desc}" for verb, (_, desc) in VERBS.items()]
+    lines += [f"  {verb:<8} {desc.format(data=_choices('data'), prune=_choices('prune'))}"
+              for verb, (_, desc) in VERBS.items()]
+    lines += ["  (a method, data kind or export format of your own: docs/development.md, 'Extensions')"]
     lines += ["", "`hprune <verb> --help` lists that verb's config groups and options.",
               "Examples:  hprune train model=transformer_tiny optim.max_update=500",
               "           hprune eval ckpt=outputs/train/<run>",

@@ -2,10 +2,10 @@
 
     python scripts/demo_summary.py outputs/demo
 
-Reads the report (comparison with significance, pairwise tests, λ table, matched MACs), the whole-type ablation
-of the Michel run, the retraining-free run's stages, the head roles of the start model (and LRP against
-confidence) and each Voita run's mask. Expected ranges (demo_expected.json
-beside this script) are the spread measured over seeds; a value outside its range is flagged, not an error.
+Reads the report (comparison with significance, pairwise tests, trained methods against their controls,
+matched MACs), the whole-type ablation of the Michel run, the retraining-free run's stages, the head roles of the
+start model (and LRP against confidence) and each Voita run's mask. Expected ranges (demo_expected.json beside
+this script) are the spread measured over seeds; a value outside its range is flagged, not an error.
 """
 from __future__ import annotations
 

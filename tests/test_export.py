@@ -78,7 +78,7 @@ def test_beam_search_bleu_is_hprune_evals_and_int8_is_within_a_point(trained_run
     export's BLEU within 0.2 of `hprune eval`'s, as `hprune export` measures it and as translated here one
     sentence at a time; int8's within 1 point of float32's."""
     from hprune import backend
-    from hprune.session import score
+    from hprune.evaluation import score
     exported = {}
     for quantization in ("none", "int8"):
         out = tmp_path / quantization
@@ -94,8 +94,8 @@ def test_beam_search_bleu_is_hprune_evals_and_int8_is_within_a_point(trained_run
     ours = [" ".join(translator.translate_batch([source], beam_size=5, length_penalty=1.0, max_decoding_length=int(
         1.2 * (len(source) + 1) + 10))[0].hypotheses[0]).replace("@@ ", "")
         for source, _ in backend.split_symbols(loaded, "test")]
-    assert abs(score(ours, references)["bleu"] - evaluated_run[1]["bleu"]) <= 0.2
-    print(f"beam 5: BLEU {float32['bleu']:.2f} (float32; {score(ours, references)['bleu']:.2f} one sentence at a "
+    assert abs(score(ours, references).bleu - evaluated_run[1]["bleu"]) <= 0.2
+    print(f"beam 5: BLEU {float32['bleu']:.2f} (float32; {score(ours, references).bleu:.2f} one sentence at a "
           f"time), {int8['bleu']:.2f} (int8) against hprune eval's {evaluated_run[1]['bleu']:.2f}; "
           f"{float32['translations_differ']}/{len(ours)} float32 translations differ from hprune's")
 

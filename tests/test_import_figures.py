@@ -35,7 +35,7 @@ def logprob_diff(ckpt, data_bin, ref_ckpt=None):
 @pytest.mark.slow
 def test_import_figures(trained_run, evaluated_run, hub, tmp_path):  # noqa: F811
     from hprune import backend
-    from hprune.session import score
+    from hprune.evaluation import score
     backend.train(stock_argv(trained_run / "fairseq-train.sh", tmp_path / "ck", updates=400))
     stock_ckpt = tmp_path / "ck" / "checkpoint_best.pt"
     data_bin = Path(evaluated_run[1]["data_bin"])
@@ -51,14 +51,14 @@ def test_import_figures(trained_run, evaluated_run, hub, tmp_path):  # noqa: F81
         out = tmp_path / name
         hprune("eval", f"ckpt={ckpt}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu")
         ours = json.loads((out / "metrics.json").read_text())["bleu"]
-        theirs = score(fairseq_generate(data_bin, ckpt), refs)["bleu"]
+        theirs = score(fairseq_generate(data_bin, ckpt), refs).bleu
         rows[name] = {"hprune_bleu": ours, "fairseq_generate_bleu": theirs,
                       "max_abs_logprob_diff": logprob_diff(ckpt, data_bin) if name == "stock" else None}
     out = tmp_path / "hub"
     hprune("eval", f"ckpt={hub['dir'] / 'model.pt'}", f"hydra.run.dir={out}", *pretrained(hub), "device=cpu")
     m = json.loads((out / "metrics.json").read_text())
     theirs = score(fairseq_generate(hub["bin"], hub["dir"] / "model.pt", "--post-process", "subword_nmt"),
-                   (hub["raw"] / "test.fr").read_text().splitlines())["bleu"]
+                   (hub["raw"] / "test.fr").read_text().splitlines()).bleu
     rows["pretrained_hub"] = {"hprune_bleu": m["bleu"], "fairseq_generate_bleu": theirs,
                               "max_abs_logprob_diff": logprob_diff(hub["dir"] / "model.pt", Path(m["data_bin"]))}
     print("FIGURES", json.dumps(rows, indent=1))

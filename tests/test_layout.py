@@ -39,12 +39,12 @@ def test_only_the_backend_imports_fairseq():
 # members do not import each other), so the import graph has no circle and nothing imports back up
 LAYERS = [
     {"errors"},
-    {"attention_types", "files", "launch"},
+    {"attention_types", "files", "launch", "plugins"},
     {"model_folder", "rundir", "console", "pruning", "flops"},
     {"hub", "deploy"},
     {"analysis", "reporting", "backend"},
     {"data"},
-    {"session"},
+    {"session", "evaluation"},
     {"methods"},
     {"runner", "worker"},
 ]
@@ -118,3 +118,30 @@ def test_reporting_backend_and_deploy_name_no_method():
             words = set(re.findall(r"[A-Za-z_]+", code.lower()))
             named = sorted(n for n in names if n in words or f"{n}_" in code.lower())
             assert not named, f"{path.relative_to(SRC)} names the method(s) {named}"
+
+
+def _code_words(path: Path) -> set[str]:
+    """The identifiers and string literals (docstrings aside) of a source, lower-cased."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    words = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            words.add(node.id.lower())
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.add(node.value.lower())
+    return words
+
+
+def test_a_hugging_face_family_lives_in_two_modules():
+    """A family is its entry in model_folder.HF_FAMILIES (model class, tokenizer files) and its importer in
+    backend/hf.py; nothing else in hprune names it (docs/development.md, 'Extensions')."""
+    from hprune.backend.hf import IMPORTERS
+    from hprune.model_folder import HF_FAMILIES
+    assert set(IMPORTERS) == set(HF_FAMILIES)
+    for family in HF_FAMILIES:
+        homes = sorted(str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
+                       if any(family in re.split(r"[^a-z0-9]+", word) for word in _code_words(path)))
+        assert homes == ["backend/hf.py", "model_folder.py"], (family, homes)

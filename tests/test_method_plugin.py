@@ -138,16 +138,17 @@ class ScaleSettings(MethodSettings):
                  control=Control("no penalty", lambda p, metrics: p.scale_penalty == 0),
                  report=Report(knobs=("scale_penalty",), columns=("open_scales",),
                                heatmaps=(("scales.csv", "scale", "learned scales"),), title="Head scales"))
-def head_scales(start, cfg, out):
+def head_scales(session, cfg, out):
     """Learned head scales with a penalty on their sum."""
+    from hprune.evaluation import Evaluator
     from hprune.methods import trained
 
-    p = cfg.prune
+    p, start = cfg.prune, Evaluator.of(session, cfg)
     pool, unpruned = trained.unpruned(start, cfg, out)
     scaled, seconds = trained.train(start, cfg, ["--head-scales", ",".join(p.types), "--scale-penalty",
                                                  str(p.scale_penalty)], out, "scales")
     rows = [{"type": kind, "layer": layer, "head": h, "scale": round(float(v), 6), "kept": int(v > 0)}
-            for kind, layer, m in scaled.model.gated_modules() for h, v in zip(m.head_ids, m.gate.deterministic())]
+            for kind, layer, m in scaled.session.model.gated_modules() for h, v in zip(m.head_ids, m.gate.deterministic())]
     table, closed, mask, pruned = trained.read_out(scaled, pd.DataFrame(rows), "scale", p, out)
     table.to_csv(out / "scales.csv", index=False)
     metrics = {**trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),

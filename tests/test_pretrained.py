@@ -74,7 +74,7 @@ def pretrained(hub: dict, *extra: str) -> list[str]:
 def test_a_published_layout_is_evaluated_with_its_own_codes_and_dictionaries(hub, tmp_path):
     """The same binarized test set as the model's own data-bin, so the same translations as stock
     fairseq-generate there; BLEU against the untokenized references; the FFN sizes as recorded."""
-    from hprune.session import score
+    from hprune.evaluation import score
     from hprune_fairseq.safe_load import load_checkpoint
     out = tmp_path / "eval"
     hprune("eval", f"ckpt={hub['dir'] / 'model.pt'}", f"hydra.run.dir={out}", *pretrained(hub), "device=cpu")
@@ -88,7 +88,7 @@ def test_a_published_layout_is_evaluated_with_its_own_codes_and_dictionaries(hub
     stock = fairseq_generate(hub["bin"], hub["dir"] / "model.pt", "--post-process", "subword_nmt")
     assert hypotheses == stock
     references = (hub["raw"] / "test.fr").read_text().splitlines()
-    assert metrics["bleu"] == score(stock, references)["bleu"] and metrics["imported_from"] == "transformer"
+    assert metrics["bleu"] == score(stock, references).bleu and metrics["imported_from"] == "transformer"
     model_cfg = load_checkpoint(hub["dir"] / "model.pt")["cfg"]["model"]
     assert (model_cfg.encoder_ffn_embed_dim, model_cfg.decoder_ffn_embed_dim) == (96, 48)
 

@@ -114,7 +114,7 @@ def test_finetuned_curve_is_measured_against_its_finetuning_control(trained_run,
     way (same updates, learning rate, batch order). It is the same for every order, and it is exactly what
     fine-tuning the unpruned checkpoint by hand gives."""
     from hprune import backend
-    from hprune.session import score
+    from hprune.evaluation import score
 
     out = tmp_path / "run"
     hprune("prune", "--method=michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu",
@@ -132,7 +132,7 @@ def test_finetuned_curve_is_measured_against_its_finetuning_control(trained_run,
     hypotheses = backend.translate(loaded, generation, "test", 1, "subword_nmt").hypotheses
     assert (out / "hypotheses" / "control.1.txt").read_text().splitlines() == hypotheses
     references = (out / "references.txt").read_text().splitlines()
-    assert score(hypotheses, references)["bleu"] == row["bleu_control"]
+    assert score(hypotheses, references).bleu == row["bleu_control"]
 
 
 def is_per_stack(mask: dict) -> bool:

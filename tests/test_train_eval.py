@@ -161,17 +161,19 @@ def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trai
     shape is one line."""
     from omegaconf import OmegaConf
 
+    from hprune.evaluation import Evaluator
     from hprune.pruning.heads import mask_without
     from hprune.session import Session
     from test_cli import assert_one_line_error
     _, unmasked = evaluated_run
-    data = {"name": "toy", "tgt_lang": "tgt", "post_process": "subword_nmt", "tokenizer": None}
+    data = {"name": "toy", "kind": "toy", "tgt_lang": "tgt", "post_process": "subword_nmt", "tokenizer": None}
     cfg = OmegaConf.create({"ckpt": str(trained_run), "data": data, "device": "cpu", "precision": "fp32",
                             "split": "test", "seed": 1, "loss_split": "valid", "max_tokens": 2000,
                             "generation": {"beam": 5, "lenpen": 1.0, "max_len_a": 1.2, "max_len_b": 10, "min_len": 1,
                                            "batch_size": 128, "max_tokens": None}})
     loaded = backend_load(trained_run, Path(unmasked["data_bin"]))
-    session = Session(cfg, cfg.data, loaded, Path(unmasked["data_bin"]))
+    session = Session(cfg.data, loaded, Path(unmasked["data_bin"]))
+    evaluator = Evaluator.of(session, cfg)
     mask = mask_without(session.model, {("enc-self", 0, 1), ("dec-enc", 1, 0), ("dec-enc", 1, 3), ("dec-self", 2, 2)})
     mask["dec-enc"][2][1] = 0.5  # a soft value: that head's output halved (eval runs it; an export refuses it)
     (tmp_path / "head_mask.json").write_text(json.dumps(mask))
@@ -183,11 +185,11 @@ def test_eval_under_a_mask_equals_masking_in_process_and_puts_the_mask_back(trai
     assert metrics["mask"] == str(tmp_path / "head_mask.json") and metrics["mask_soft"]
     ones = mask_without(session.model, ())
     session.set_mask(ones)
-    result = session.evaluate(mask)
-    assert result["bleu"] == metrics["bleu"] != unmasked["bleu"]
-    assert result["hypotheses"] == (out / "hypotheses.test.txt").read_text().splitlines()
+    result = evaluator.evaluate(mask)
+    assert result.bleu == metrics["bleu"] != unmasked["bleu"]
+    assert result.hypotheses == (out / "hypotheses.test.txt").read_text().splitlines()
     assert session._mask is ones  # evaluate put the previous mask back
-    assert session.evaluate(None)["bleu"] == unmasked["bleu"]
+    assert evaluator.evaluate(None).bleu == unmasked["bleu"]
     (tmp_path / "wrong.json").write_text(json.dumps({"enc-self": [[1, 1]]}))
     proc = hprune("eval", f"ckpt={trained_run}", f"mask={tmp_path / 'wrong.json'}", f"hydra.run.dir={tmp_path / 'bad'}",
                   *SMALL_DATA, "device=cpu", check=False)

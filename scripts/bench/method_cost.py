@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common import BIN, config, demo_checkpoint, run
 
+from hprune.evaluation import Evaluator
 from hprune.methods import get_method
 from hprune.session import Session
 
@@ -38,17 +39,18 @@ def procedure(tmp: str, ckpt: Path, name: str, *settings: str) -> dict:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = demo_checkpoint(tmp)
-        session = Session.open(config("prune", [f"ckpt={ckpt}", "device=cpu", POOL]))
-        evaluation = []
+        cfg = config("prune", [f"ckpt={ckpt}", "device=cpu", POOL])
+        session = Session.open(cfg)
+        evaluator, evaluation = Evaluator.of(session, cfg), []
         for _ in range(ROUNDS):
             started = time.perf_counter()
-            session.translate()
+            evaluator.translate()
             evaluation.append(time.perf_counter() - started)
         one_pass = statistics.median(evaluation)
         rows = []
         for name in ("michel", "lrp"):
             started = time.perf_counter()
-            get_method(name).score(session, session.cfg)
+            get_method(name).score(session, cfg)
             rows.append((name, time.perf_counter() - started, None))
         voita = procedure(tmp, ckpt, "voita", "prune.head_budget=6", "prune.optim.lr=0.01")
         kept = voita["kept_enc_self"]

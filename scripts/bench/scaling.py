@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from common import BIN, config, demo_checkpoint, run
 
+from hprune.evaluation import Evaluator
 from hprune.methods import get_method
 from hprune.session import Session
 
@@ -58,16 +59,17 @@ def training(tmp: str) -> None:
 
 def per_thousand(tmp: str) -> None:
     ckpt = demo_checkpoint(tmp)
-    session = Session.open(config("prune", [f"ckpt={ckpt}", "device=cpu"]))
+    cfg = config("prune", [f"ckpt={ckpt}", "device=cpu"])
+    session = Session.open(cfg)
     rows = []
     started = time.perf_counter()
-    result, _ = session.translate()
+    result, _ = Evaluator.of(session, cfg).translate()
     rows.append(("beam search (eval), test split", len(result.hypotheses), time.perf_counter() - started))
-    sentences = len(session.source_tokens(session.cfg.prune.importance.split))
+    sentences = len(session.source_tokens(cfg.prune.importance.split))
     for name in ("michel", "lrp"):
         started = time.perf_counter()
         get_method(name).score(session, config("prune", [f"ckpt={ckpt}", f"prune={name}"]))
-        rows.append((f"{name} scores, {session.cfg.prune.importance.split} split", sentences,
+        rows.append((f"{name} scores, {cfg.prune.importance.split} split", sentences,
                      time.perf_counter() - started))
     out = Path(tmp) / "fisher"
     run([str(BIN / "hprune"), "prune", "--method", "fisher", f"ckpt={ckpt}", f"hydra.run.dir={out}", "device=cpu",

@@ -73,21 +73,21 @@ def unit_costs(model, sample: dict) -> Dict[Tuple[str, int], UnitCost]:
         return sum(by_module.get(names[id(module)], {}).values()) / 2 / tokens
 
     costs = {}
-    for kind, layer, module in model.attention_modules():
+    for attn_type, layer, module in model.attention_modules():
         units = module.num_heads
         if units == 0:
-            costs[(kind, layer)] = UnitCost(0.0, 0.0)
+            costs[(attn_type, layer)] = UnitCost(0.0, 0.0)
         elif hasattr(module, "top_k"):  # MoA: shared K/V, a router row per expert, top-k slots per token
             shared = macs(module.k_proj) + macs(module.v_proj)
             router = macs(module.router)
             slots = min(module.top_k, units)
-            costs[(kind, layer)] = UnitCost(shared, router / units, (macs(module) - shared - router) / slots,
+            costs[(attn_type, layer)] = UnitCost(shared, router / units, (macs(module) - shared - router) / slots,
                                             module.top_k)
         else:
-            costs[(kind, layer)] = UnitCost(0.0, macs(module) / units)
+            costs[(attn_type, layer)] = UnitCost(0.0, macs(module) / units)
     return costs
 
 
 def mask_macs(costs: Dict[Tuple[str, int], UnitCost], mask: dict, types) -> float:
     """Attention MACs per target token of the sublayers of `types` under a head mask (head-mask schema)."""
-    return sum(costs[(kind, layer)].macs(int(sum(row))) for kind in types for layer, row in enumerate(mask[kind]))
+    return sum(costs[(attn_type, layer)].macs(int(sum(row))) for attn_type in types for layer, row in enumerate(mask[attn_type]))

@@ -128,4 +128,4 @@ class RunDir:
 
 def save_hypotheses(run: Path, name: str, evaluation) -> None:
     """An evaluation's translations (its hypotheses and references) kept under `name` in the run dir."""
-    RunDir(run).save_hypotheses(name, evaluation["hypotheses"], evaluation["references"])
+    RunDir(run).save_hypotheses(name, evaluation.hypotheses, evaluation.references)

@@ -22,9 +22,9 @@ from .heads import HeadAttention
 from .moa import MoAAttention
 
 
-def _moa(cfg, kind: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
+def _moa(cfg, attn_type: str, embed_dim: int, **kwargs) -> Optional[MoAAttention]:
     """A MoA attention for this attention type if the model config makes it one (`--moa-types`)."""
-    if kind not in (getattr(cfg, "moa_types", None) or "").split(","):
+    if attn_type not in (getattr(cfg, "moa_types", None) or "").split(","):
         return None
     return MoAAttention(embed_dim, cfg.moa_experts, cfg.moa_top_k, cfg.moa_head_dim, dropout=cfg.attention_dropout,
                         renormalize=cfg.moa_renormalize, switch_loss=cfg.moa_switch_loss, z_loss=cfg.moa_z_loss,
@@ -116,11 +116,11 @@ class MoADecoder(HeadDecoder):
 
 @dataclass(frozen=True)
 class Sublayer:
-    """One residual sublayer of a transformer layer, as the data meets it: an attention (`kind` is its type) or
-    the feed-forward (`kind` None). `call`: which of its layer's residual connections adds it back; `norm` is
+    """One residual sublayer of a transformer layer, as the data meets it: an attention (`attn_type`) or
+    the feed-forward (`attn_type` None). `call`: which of its layer's residual connections adds it back; `norm` is
     its layer norm (applied before it in a pre-norm layer, after the residual sum in a post-norm one)."""
     stack: str             # encoder | decoder
-    kind: Optional[str]
+    attn_type: Optional[str]
     layer: int             # the layer's index in its stack
     block: Any             # the transformer layer holding it
     call: int

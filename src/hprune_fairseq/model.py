@@ -128,8 +128,8 @@ class HpruneTransformerModel(TransformerModel):
 
     def set_head_mask(self, mask: Optional[Dict[str, List[List[float]]]]) -> None:
         """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""
-        for kind, layer, module in self.attention_modules():
-            module.set_head_mask(None if mask is None else mask[kind][layer])
+        for attn_type, layer, module in self.attention_modules():
+            module.set_head_mask(None if mask is None else mask[attn_type][layer])
 
     def record_heads(self, weights: bool = False, outputs: bool = False, contributions: bool = False) -> None:
         """Keep each attention's last per-head weights, outputs and/or shares of the output (`head_weights`,
@@ -141,14 +141,14 @@ class HpruneTransformerModel(TransformerModel):
     def head_ids(self) -> Dict[str, List[List[int]]]:
         """The original ids of the heads each layer still has, in the head-mask layout."""
         kept: Dict[str, List[List[int]]] = {}
-        for kind, _, module in self.attention_modules():
-            kept.setdefault(kind, []).append(list(module.head_ids))
+        for attn_type, _, module in self.attention_modules():
+            kept.setdefault(attn_type, []).append(list(module.head_ids))
         return kept
 
     def keep_heads(self, kept: Dict[str, List[List[int]]]) -> None:
         """Physically remove every head not listed (see HeadUnits.keep_heads)."""
-        for kind, layer, module in self.attention_modules():
-            module.keep_heads(kept[kind][layer])
+        for attn_type, layer, module in self.attention_modules():
+            module.keep_heads(kept[attn_type][layer])
 
     # ------------------------------------------------------------------------------------------- mechanisms
     def mechanisms(self) -> List[mechanisms.Mechanism]:
@@ -172,15 +172,15 @@ class HpruneTransformerModel(TransformerModel):
         read_out = kept is None
         if read_out:
             kept = {}
-            for kind, _, module in self.attention_modules():
-                kept.setdefault(kind, []).append([int(h in module.head_ids) for h in range(module.total_heads)])
-        for kind, layer, module in gated:
+            for attn_type, _, module in self.attention_modules():
+                kept.setdefault(attn_type, []).append([int(h in module.head_ids) for h in range(module.total_heads)])
+        for attn_type, layer, module in gated:
             values = module.gate.deterministic().tolist()
             if read_out:
                 for h, gate in zip(module.head_ids, values):
-                    kept[kind][layer][h] = int(gate > 0)
+                    kept[attn_type][layer][h] = int(gate > 0)
             weight = next(module.parameters())
-            module.fold_gate(torch.tensor([(gate if gate > 0 else 1.0) * kept[kind][layer][h]
+            module.fold_gate(torch.tensor([(gate if gate > 0 else 1.0) * kept[attn_type][layer][h]
                                            for h, gate in zip(module.head_ids, values)],
                                           dtype=weight.dtype, device=weight.device))
         for mechanism in installed:
@@ -201,7 +201,7 @@ class HpruneTransformerModel(TransformerModel):
     # ------------------------------------------------------------------------------------------- MoA
     def moa_layers(self) -> Iterator[Tuple[str, int, MoAAttention]]:
         """The attention sublayers that are MoA layers (none in an hprune_transformer)."""
-        return ((kind, layer, m) for kind, layer, m in self.attention_modules() if isinstance(m, MoAAttention))
+        return ((attn_type, layer, m) for attn_type, layer, m in self.attention_modules() if isinstance(m, MoAAttention))
 
     def moa_aux_loss(self) -> Optional[Tensor]:
         """The weighted auxiliary losses of the last forward, summed over MoA layers (per token, see moa.py)."""

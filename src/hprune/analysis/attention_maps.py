@@ -35,7 +35,7 @@ def layer_stack(maps: List[np.ndarray], head_ids: List[List[int]], heads: int) -
 def write(path: Path, tokens: Dict[str, List[str]], maps: Dict[str, np.ndarray]) -> None:
     """One sentence's file, written under a temporary name and renamed."""
     arrays = {name: np.array(values) for name, values in tokens.items()}
-    arrays.update({KEYS[kind]: stack for kind, stack in maps.items()})
+    arrays.update({KEYS[attn_type]: stack for attn_type, stack in maps.items()})
     with replaced_atomically(path) as tmp, open(tmp, "wb") as f:  # a file object: numpy adds no suffix
         np.savez_compressed(f, **arrays)
 

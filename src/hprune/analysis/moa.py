@@ -24,12 +24,12 @@ def expert_load(model, batches: Iterable[dict]) -> pd.DataFrame:
         for sample in batches:
             model(**sample["net_input"])
         rows = []
-        for kind, layer, module in layers:
+        for attn_type, layer, module in layers:
             stats = module.routing
             slots = stats["slots"].cpu()
             shares = slots / slots.sum().clamp(min=1)
             entropy = float(stats["entropy"] / stats["tokens"].clamp(min=1))
-            rows += [(kind, layer, expert, float(share), entropy) for expert, share in enumerate(shares)
+            rows += [(attn_type, layer, expert, float(share), entropy) for expert, share in enumerate(shares)
                      if expert in module.head_ids]
     finally:
         for _, _, module in layers:

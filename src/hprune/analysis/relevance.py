@@ -185,9 +185,9 @@ def _check_layer(layer) -> None:
 class Block:
     """One residual sublayer (attention or FFN) of a layer, pre- or post-norm, recomputed and propagated."""
 
-    def __init__(self, norm, pre_norm: bool, kind: Optional[str] = None, layer: int = 0, attention=None,
+    def __init__(self, norm, pre_norm: bool, attn_type: Optional[str] = None, layer: int = 0, attention=None,
                  ffn=None, causal: bool = False):
-        self.norm, self.pre_norm, self.kind, self.layer = norm, pre_norm, kind, layer
+        self.norm, self.pre_norm, self.attn_type, self.layer = norm, pre_norm, attn_type, layer
         self.attention, self.ffn, self.causal = attention, ffn, causal
 
     def forward(self, x: Tensor, memory: Optional[Tensor] = None) -> Tensor:
@@ -215,7 +215,7 @@ class Block:
             kv = self.inner if self.memory is None else self.memory
             r_inner, r_memory, units = relprop_attention(self.attention, self.record, r_update, self.inner, kv,
                                                          self.memory is None)
-            trace.heads[(self.kind, self.layer)] = units
+            trace.heads[(self.attn_type, self.layer)] = units
         else:
             fc1, fc2, _ = self.ffn
             r_hidden = lrp.linear(r_update, self.hidden, fc2.weight, fc2.bias)
@@ -232,9 +232,9 @@ def blocks(model) -> tuple[List[Block], List[Block]]:
     out: dict = {"encoder": [], "decoder": []}
     for s in model.sublayers():
         _check_layer(s.block)
-        extra = (dict(attention=s.module, causal=s.kind == "dec-self") if s.kind is not None
+        extra = (dict(attention=s.module, causal=s.attn_type == "dec-self") if s.attn_type is not None
                  else dict(ffn=(s.block.fc1, s.block.fc2, s.block.activation_fn)))
-        out[s.stack].append(Block(s.norm, s.block.normalize_before, s.kind, s.layer, **extra))
+        out[s.stack].append(Block(s.norm, s.block.normalize_before, s.attn_type, s.layer, **extra))
     return out["encoder"], out["decoder"]
 
 
@@ -284,7 +284,7 @@ def propagate(model, src: Tensor, prev: Tensor) -> Trace:
             if i and i % per_layer == 0:
                 _same(x, inputs[i // per_layer], f"{side} layer {i // per_layer - 1}")
                 x = inputs[i // per_layer]
-            x = block.forward(x, memory if block.kind == "dec-enc" else None)
+            x = block.forward(x, memory if block.attn_type == "dec-enc" else None)
         _same(x, last, f"{side} layer {len(inputs) - 1}")
         return last
 
@@ -312,12 +312,12 @@ def propagate(model, src: Tensor, prev: Tensor) -> Trace:
         relevance, r_memory = block.relprop(relevance, trace)
         if r_memory is not None:
             memory = memory + r_memory
-        trace.totals.append((f"dec {block.kind or 'ffn'} {block.layer}", _total(relevance) + _total(memory)))
+        trace.totals.append((f"dec {block.attn_type or 'ffn'} {block.layer}", _total(relevance) + _total(memory)))
     kept = _total(relevance)  # what stays on the decoder side (its embeddings)
     relevance = memory  # the encoder's final layer norm is passed through too
     for block in reversed(enc_blocks):
         relevance, _ = block.relprop(relevance, trace)
-        trace.totals.append((f"enc {block.kind or 'ffn'} {block.layer}", _total(relevance) + kept))
+        trace.totals.append((f"enc {block.attn_type or 'ffn'} {block.layer}", _total(relevance) + kept))
     return trace
 
 
@@ -350,6 +350,6 @@ def head_relevance(model, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFra
         tokens += prev.numel()
     if not tokens:
         raise ValueError("no sentences: head relevance needs at least one")
-    rows = [(kind, layer, h, float(totals[(kind, layer)][local]) / tokens if (kind, layer) in totals else 0.0)
-            for kind, layer, module in model.attention_modules() for local, h in enumerate(module.head_ids)]
+    rows = [(attn_type, layer, h, float(totals[(attn_type, layer)][local]) / tokens if (attn_type, layer) in totals else 0.0)
+            for attn_type, layer, module in model.attention_modules() for local, h in enumerate(module.head_ids)]
     return pd.DataFrame(rows, columns=["type", "layer", "head", "importance"]), tokens

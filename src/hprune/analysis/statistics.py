@@ -33,10 +33,10 @@ def head_statistics(model, batches: Iterable[dict], pad: int, source_count: Call
     source_dict, target_dict = dictionaries
     modules = list(model.attention_modules())
     measures = {"enc-self": RoleStats, "dec-self": PreviousTokenStats, "dec-enc": AlignmentStats}
-    stats = {(kind, layer): measures[kind](m.num_heads) for kind, layer, m in modules
-             if kind != "dec-enc" or alignments is not None}
-    heads = {kind: max(m.total_heads for k, _, m in modules if k == kind) for kind in KEYS}
-    head_ids = {kind: [list(m.head_ids) for k, _, m in modules if k == kind] for kind in KEYS}
+    stats = {(attn_type, layer): measures[attn_type](m.num_heads) for attn_type, layer, m in modules
+             if attn_type != "dec-enc" or alignments is not None}
+    heads = {attn_type: max(m.total_heads for k, _, m in modules if k == attn_type) for attn_type in KEYS}
+    head_ids = {attn_type: [list(m.head_ids) for k, _, m in modules if k == attn_type] for attn_type in KEYS}
     skipped_arcs, dumped = 0, 0
     model.record_heads(weights=True)
     with torch.no_grad():
@@ -57,28 +57,28 @@ def head_statistics(model, batches: Iterable[dict], pad: int, source_count: Call
                 aligned = alignments is not None and sentence_id < len(alignments)
                 words_of = (word_ids(source, post_process), word_ids(target_pieces, post_process)) if aligned else None
                 maps = {}
-                for kind, layer, m in modules:
-                    rows, columns = (real, real) if kind == "enc-self" else (slice(length), real if kind == "dec-enc"
+                for attn_type, layer, m in modules:
+                    rows, columns = (real, real) if attn_type == "enc-self" else (slice(length), real if attn_type == "dec-enc"
                                                                              else slice(length))
                     if m.num_heads == 0:  # every head of the layer pruned away: nothing recorded
-                        weights = torch.zeros(0, len(real) if kind == "enc-self" else length,
-                                              length if kind == "dec-self" else len(real))
+                        weights = torch.zeros(0, len(real) if attn_type == "enc-self" else length,
+                                              length if attn_type == "dec-self" else len(real))
                     else:
                         weights = m.head_weights[b][:, rows][:, :, columns].float().cpu()
-                    maps.setdefault(kind, []).append(weights.numpy())
-                    if kind == "enc-self":
-                        stats[(kind, layer)].add(weights, rarest, sentence_arcs)
-                    elif kind == "dec-self":
-                        stats[(kind, layer)].add(weights)
+                    maps.setdefault(attn_type, []).append(weights.numpy())
+                    if attn_type == "enc-self":
+                        stats[(attn_type, layer)].add(weights, rarest, sentence_arcs)
+                    elif attn_type == "dec-self":
+                        stats[(attn_type, layer)].add(weights)
                     elif aligned:
-                        stats[(kind, layer)].add(weights, *words_of, *alignments[sentence_id])
+                        stats[(attn_type, layer)].add(weights, *words_of, *alignments[sentence_id])
                 if sentence_id < dump:
                     attention_maps.write(
                         dump_dir / f"{sentence_id}.npz",
                         {"source_tokens": source + ["</s>"], "target_tokens": target_pieces + ["</s>"],
                          "decoder_tokens": ["</s>"] + target_pieces},
-                        {kind: attention_maps.layer_stack(layer_maps, head_ids[kind], heads[kind])
-                         for kind, layer_maps in maps.items()})
+                        {attn_type: attention_maps.layer_stack(layer_maps, head_ids[attn_type], heads[attn_type])
+                         for attn_type, layer_maps in maps.items()})
                     dumped += 1
     model.record_heads()
 
@@ -91,14 +91,14 @@ def role_table(model, stats: dict, batches: Callable[[], Iterable[dict]], pad: i
     `batches()`: a fresh pass over the split."""
     modules = list(model.attention_modules())
     tables, layer_aer = [], {}
-    for (kind, layer), stat in stats.items():
-        if kind == "dec-enc":
+    for (attn_type, layer), stat in stats.items():
+        if attn_type == "dec-enc":
             table, layer_aer[layer] = stat.table(alignment_max_aer)
         else:
             table = stat.table()
-        tables.append(table.assign(type=kind, layer=layer))
+        tables.append(table.assign(type=attn_type, layer=layer))
     roles = pd.concat(tables) if tables else pd.DataFrame(columns=["type", "layer", "head"])
-    roles["head"] = [m.head_ids[h] for kind, layer, m in modules if (kind, layer) in stats for h in range(m.num_heads)]
+    roles["head"] = [m.head_ids[h] for attn_type, layer, m in modules if (attn_type, layer) in stats for h in range(m.num_heads)]
     if "rare_token" in roles:
         roles["rare"] = (roles["rare_token"] >= rare_min_share).where(roles["type"] == "enc-self")
     if not measured_arcs and "syntactic" in roles:
@@ -120,22 +120,22 @@ MEASURED = (("enc-self", "positional"), ("enc-self", "syntactic"), ("enc-self", 
             ("dec-enc", "alignment"))
 
 
-def key_of(kind: str, role: str) -> str:
-    return {"enc-self": role, "dec-self": "dec_self_positional", "dec-enc": "alignment"}[kind]
+def key_of(attn_type: str, role: str) -> str:
+    return {"enc-self": role, "dec-self": "dec_self_positional", "dec-enc": "alignment"}[attn_type]
 
 
 def summarize(cfg, roles, by_type, layer_aer, arcs, alignments) -> tuple:
     """metrics.json's role counts and the summary lines."""
     metrics, lines = {}, []
-    for kind, role in MEASURED:
-        table = by_type[kind]
+    for attn_type, role in MEASURED:
+        table = by_type[attn_type]
         measured = role in table and table[role].notna().any()
-        metrics[f"{key_of(kind, role)}_heads"] = int(table[role].fillna(False).astype(bool).sum()) if measured else None
-    for kind in KEYS:
+        metrics[f"{key_of(attn_type, role)}_heads"] = int(table[role].fillna(False).astype(bool).sum()) if measured else None
+    for attn_type in KEYS:
         counts = [f"{metrics[f'{key_of(k, role)}_heads']} {role}" for k, role in MEASURED
-                  if k == kind and metrics[f"{key_of(k, role)}_heads"] is not None]
+                  if k == attn_type and metrics[f"{key_of(k, role)}_heads"] is not None]
         if counts:
-            lines.append(f"{len(by_type[kind])} {kind} heads on {cfg.split}: " + ", ".join(counts))
+            lines.append(f"{len(by_type[attn_type])} {attn_type} heads on {cfg.split}: " + ", ".join(counts))
     layer_aer = {layer: value for layer, value in layer_aer.items() if value == value}  # layers left with heads
     if layer_aer:
         aligned = by_type["dec-enc"].dropna(subset=["alignment_aer"])

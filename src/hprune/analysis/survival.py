@@ -34,7 +34,7 @@ def sweep_masks(sweep_dir: Path) -> Dict[float, dict]:
 def survival(masks: Dict[float, dict], heads: Sequence[tuple]) -> np.ndarray:
     """For each (type, layer, head): at how many of the masks' λ > 0 it is open."""
     kept = [mask for lam, mask in sorted(masks.items()) if lam > 0]
-    return np.array([sum(int(bool(mask[kind][layer][head])) for mask in kept) for kind, layer, head in heads])
+    return np.array([sum(int(bool(mask[attn_type][layer][head])) for mask in kept) for attn_type, layer, head in heads])
 
 
 def permutation_p(values: np.ndarray, labels: np.ndarray, resamples: int, seed: int) -> float:

@@ -146,9 +146,9 @@ def head_layout(model_cfg) -> Dict[str, List[int]]:
     layout = {"enc-self": [model_cfg.encoder_attention_heads] * model_cfg.encoder_layers,
               "dec-self": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers,
               "dec-enc": [model_cfg.decoder_attention_heads] * model_cfg.decoder_layers}
-    for kind in layout:
-        if kind in moa_types:
-            layout[kind] = [model_cfg.moa_experts] * len(layout[kind])
+    for attn_type in layout:
+        if attn_type in moa_types:
+            layout[attn_type] = [model_cfg.moa_experts] * len(layout[attn_type])
     return layout
 
 

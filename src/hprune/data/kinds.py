@@ -1,7 +1,7 @@
 """The registry of data kinds: a kind is one module of this package (named as the kind) and one or more
 `configs/data/<name>.yaml` with `kind: <name>`, nothing else.
 
-A kind registers four functions (`register_kind` at the end of its module):
+A kind registers three functions and two optional ones (`register_kind` at the end of its module):
 
     key(data) -> str                       the prepared set's identity (its cache folder is <name>-<key>)
     check(data) -> None                    refuse bad settings before anything is written or downloaded
@@ -25,6 +25,7 @@ from typing import Callable, Dict, Optional
 from omegaconf import DictConfig
 
 from ..errors import UserError
+from ..plugins import import_plugin
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,12 @@ def register_kind(kind: DataKind) -> DataKind:
 def get_kind(data: DictConfig) -> DataKind:
     """The kind of a data config (`data.kind`), its module imported on first use."""
     name = data.get("kind")
-    if name not in KINDS:
-        module = data.get("module") or (f"{__package__}.{name}" if isinstance(name, str) and name.isidentifier()
-                                        else None)
+    if name not in KINDS and data.get("module"):
+        import_plugin(data.module, "data.module")
+    elif name not in KINDS and isinstance(name, str) and name.isidentifier():
+        module = f"{__package__}.{name}"
         try:
-            if module:
-                importlib.import_module(module)
+            importlib.import_module(module)
         except ModuleNotFoundError as err:
             if err.name != module:  # the kind's module is there but needs something missing
                 raise UserError(f"data kind '{name}' ({module}) cannot be imported: {err}") from None

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from ..errors import UserError
 from ..files import build_once, write_atomic
 from . import databin
-from .kinds import get_kind
+from .kinds import DataKind, get_kind
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,13 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
     return get_kind(data).bound(data, checkpoint, languages)
 
 
-def model_languages(data: DictConfig, checkpoint) -> tuple[str, str]:
+def model_languages(data: DictConfig, checkpoint, kind: Optional[DataKind] = None) -> tuple[str, str]:
     """The languages of a checkpoint that records none (fairseq-train without -s/-t; fairseq infers them at run
     time from the data-bin's file names). In this order: the data settings (for data=databin, its data-bin's
     file names), the file names of the data-bin the checkpoint was trained on, and the two dictionaries beside
     the checkpoint, whose sizes against the embeddings' say which side is which. `checkpoint`: a
-    backend.Checkpoint."""
-    kind = get_kind(data)
+    backend.Checkpoint; `kind`: the data's kind, where the caller resolved it already."""
+    kind = kind or get_kind(data)
     given = data if kind.from_model else kind.bound(data)
     if given.get("src_lang") and given.get("tgt_lang"):
         return given.src_lang, given.tgt_lang
@@ -56,8 +56,11 @@ def model_languages(data: DictConfig, checkpoint) -> tuple[str, str]:
                     "data.src_lang=<source> data.tgt_lang=<target>")
 
 
-def dataset_dir(data: DictConfig, data_root: str | Path) -> Path:
-    return Path(data_root).expanduser().absolute() / f"{data.name}-{get_kind(data).key(data)}"
+def dataset_dir(data: DictConfig, data_root: str | Path, kind: Optional[DataKind] = None) -> Path:
+    """The cache folder of a bound data config; the kind's check runs first (its key may read what it checks)."""
+    kind = kind or get_kind(data)
+    kind.check(data)  # before anything is created or downloaded
+    return Path(data_root).expanduser().absolute() / f"{data.name}-{kind.key(data)}"
 
 
 def bin_dir(data: DictConfig, data_root: str | Path) -> Path:
@@ -65,13 +68,13 @@ def bin_dir(data: DictConfig, data_root: str | Path) -> Path:
     return dataset_dir(data, data_root) / "bin"
 
 
-def prepare(data: DictConfig, data_root: str | Path) -> Path:
-    """Build the data set of a bound data config (`bind`) if needed; returns its data-bin folder."""
-    kind = get_kind(data)
-    root = dataset_dir(data, data_root)
+def prepare(data: DictConfig, data_root: str | Path, kind: Optional[DataKind] = None) -> Path:
+    """Build the data set of a bound data config (`bind`) if needed; returns its data-bin folder. `kind`: the
+    data's kind, where the caller resolved it already."""
+    kind = kind or get_kind(data)
+    root = dataset_dir(data, data_root, kind)
     if (root / "READY").exists():
         return root / "bin"
-    kind.check(data)  # before anything is created or downloaded
 
     def build(staging: Path) -> None:
         log.info("preparing %s data in %s", data.name, root)

@@ -71,13 +71,13 @@ FUNCTIONS = {"moses": _moses, "normalize": _normalize_only, "subword_nmt": _subw
              "sentencepiece": _sentencepiece}
 
 
-def line_function(kind: str, arg: str) -> Callable[[str], str]:
-    return FUNCTIONS[kind](arg)
+def line_function(step: str, arg: str) -> Callable[[str], str]:
+    return FUNCTIONS[step](arg)
 
 
-def _init(kind: str, arg: str) -> None:
+def _init(step: str, arg: str) -> None:
     global _worker
-    _worker = line_function(kind, arg)
+    _worker = line_function(step, arg)
 
 
 def _run_chunk(lines: list[str]) -> list[str]:
@@ -90,19 +90,19 @@ def _chunks(lines: Iterable[str]) -> Iterator[list[str]]:
         yield chunk
 
 
-def map_file(kind: str, arg: str, src: Path, dest: Path, workers: int = 1) -> int:
-    """Write `line_function(kind, arg)` of every line of src to dest; returns the number of lines."""
+def map_file(step: str, arg: str, src: Path, dest: Path, workers: int = 1) -> int:
+    """Write `line_function(step, arg)` of every line of src to dest; returns the number of lines."""
     n = 0
     with open(src, encoding="utf-8") as fin, open(dest, "w", encoding="utf-8") as fout:
         lines = (line.rstrip("\n") for line in fin)
         if workers <= 1:
-            fn = line_function(kind, arg)
+            fn = line_function(step, arg)
             results: Iterable[list[str]] = ([fn(line) for line in chunk] for chunk in _chunks(lines))
             for chunk in results:
                 fout.writelines(out + "\n" for out in chunk)
                 n += len(chunk)
             return n
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_init, initargs=(kind, arg)) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_init, initargs=(step, arg)) as pool:
             for chunk in pool.imap(_run_chunk, _chunks(lines)):
                 fout.writelines(out + "\n" for out in chunk)
                 n += len(chunk)

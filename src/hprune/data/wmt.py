@@ -183,15 +183,15 @@ def _test_splits(data: DictConfig) -> list[str]:
     return ["test" if i == 0 else f"test{i}" for i in range(len(data.test_sets))]
 
 
-def _map_files(kind_of_lang: Callable[[str], tuple[str, str]], splits: list[str], data: DictConfig,
+def _map_files(step_of_lang: Callable[[str], tuple[str, str]], splits: list[str], data: DictConfig,
                src_dir: Path, out: Path) -> dict:
     """Apply a line function (chosen per language) to `<split>.<lang>` of every split."""
     lines = {}
     for split in splits:
         for lang in (data.src_lang, data.tgt_lang):
-            kind, arg = kind_of_lang(lang)
+            step, arg = step_of_lang(lang)
             name = f"{split}.{lang}"
-            lines[name] = map_file(kind, arg, src_dir / name, out / name, int(data.workers))
+            lines[name] = map_file(step, arg, src_dir / name, out / name, int(data.workers))
     return {"lines": lines}
 
 

@@ -68,8 +68,8 @@ def check(cfg) -> None:
 def stack_heads(model) -> Dict[str, int]:
     """The heads per layer of each CTranslate2 stack: the largest count left in its sublayers (at least 1)."""
     counts: Dict[str, List[int]] = {"encoder": [], "decoder": []}
-    for kind, _, module in model.attention_modules():
-        counts["encoder" if kind == "enc-self" else "decoder"].append(module.num_heads)
+    for attn_type, _, module in model.attention_modules():
+        counts["encoder" if attn_type == "enc-self" else "decoder"].append(module.num_heads)
     return {stack: max([1, *values]) for stack, values in counts.items()}
 
 
@@ -77,16 +77,16 @@ def padded_mask(mask: dict, heads: Dict[str, int]) -> dict:
     """The head mask the padded model computes: every sublayer of a stack with that stack's head count (its kept
     heads, then removed ones as zero heads), for counting the MACs the CTranslate2 model spends."""
     padded = {}
-    for kind, rows in mask.items():
-        target = heads["encoder" if kind == "enc-self" else "decoder"]
-        padded[kind] = []
+    for attn_type, rows in mask.items():
+        target = heads["encoder" if attn_type == "enc-self" else "decoder"]
+        padded[attn_type] = []
         for row in rows:
             extra = target - sum(row)
             new = list(row)
             for h, alive in enumerate(row):
                 if not alive and extra > 0:
                     new[h], extra = 1, extra - 1
-            padded[kind].append(new)
+            padded[attn_type].append(new)
     return padded
 
 
@@ -309,7 +309,7 @@ def score(model_dir: str, pairs: Sequence[Tuple[List[str], List[str]]], device: 
 
 
 class Reference(Protocol):
-    """hprune's model as the export is checked against it (the session, under the export's mask)."""
+    """hprune's model as the export is checked against it (an Evaluator, its session under the export's mask)."""
 
     def score_pairs(self, pairs: List[Tuple[List[str], List[str]]]) -> List[List[float]]: ...
 
@@ -443,9 +443,10 @@ PARITY_REFERENCES = 200  # reference translations whose log-probabilities the ex
 
 
 @register_exporter("ctranslate2", check=check)
-def export(session, mask: dict, out: Path, cfg) -> dict:
+def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     """A CTranslate2 model directory with the model's subword files and a README, checked against hprune's model
     under the mask before it is kept (check_parity), its speed measured against the unpruned model's."""
+    session = evaluator.session
     model = session.pruned_copy(mask)
     spec = model_spec(model, session.loaded.cfg.model, *session.dictionaries)  # what it cannot hold: now
     dest = out / "ctranslate2"
@@ -454,7 +455,7 @@ def export(session, mask: dict, out: Path, cfg) -> dict:
     sources = session.source_tokens(cfg.split)
     limits = length_limits(sources, cfg.generation, session.max_target_positions)
     with session.masked(mask):  # hprune's beam search on the masked model, the same split and settings
-        masked, hprune_quality = session.translate()  # (BLEU only: no validation loss needed here)
+        masked, hprune_quality = evaluator.translate()  # (BLEU only: no validation loss needed here)
     checked = {}
 
     def build(staging: Path) -> None:
@@ -463,7 +464,7 @@ def export(session, mask: dict, out: Path, cfg) -> dict:
         with session.masked(mask):
             checked["translations"], checked["parity"] = check_parity(
                 str(staging), sources, masked.symbols, cfg.generation, limits,
-                session.sentence_pairs(cfg.split, PARITY_REFERENCES), session,
+                session.sentence_pairs(cfg.split, PARITY_REFERENCES), evaluator,
                 exact=cfg.precision == "fp32", device=session.device, threads=cfg.threads)
         failure = checked["parity"].failure()
         if failure:
@@ -471,35 +472,32 @@ def export(session, mask: dict, out: Path, cfg) -> dict:
         if cfg.quantization not in ("none", "float32"):
             for path in staging.iterdir():
                 path.unlink()
-            save(model_spec(model, session.loaded.cfg.model, *session.dictionaries), staging,
-                             cfg.quantization)
-            checked["translations"] = translate(str(staging), sources, cfg.generation, limits,
-                                                            session.device, cfg.threads)
+            save(model_spec(model, session.loaded.cfg.model, *session.dictionaries), staging, cfg.quantization)
+            checked["translations"] = translate(str(staging), sources, cfg.generation, limits, session.device,
+                                                cfg.threads)
         for path in subwords:
             shutil.copy(path, staging / path.name)
         write_atomic(staging / "README.md", readme(session.data, [p.name for p in subwords], cfg.quantization))
 
     build_once(dest, "README.md", build)
     parity = checked["parity"]
-    theirs, quality = session.score_symbols(checked["translations"], cfg.split)
-    metrics = {}
-    metrics.update({"split": cfg.split, "bleu": quality["bleu"], "bleu_hprune": hprune_quality["bleu"],
-                    "bleu_signature": quality["bleu_signature"],
-                    "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)),
-                    **parity.metrics()})
+    theirs, quality = evaluator.score_symbols(checked["translations"], cfg.split)
+    metrics = {"split": cfg.split, "bleu": quality.bleu, "bleu_hprune": hprune_quality.bleu,
+               "bleu_signature": quality.bleu_signature,
+               "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)), **parity.metrics()}
 
     # speed in CTranslate2: this export against the unpruned model written the same way
     with tempfile.TemporaryDirectory() as unpruned:
-        save(model_spec(session.pruned_copy(session.unpruned_mask()), session.loaded.cfg.model,
-                                                *session.dictionaries), unpruned, cfg.quantization)
+        save(model_spec(session.pruned_copy(session.unpruned_mask()), session.loaded.cfg.model, *session.dictionaries),
+             unpruned, cfg.quantization)
         models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
         length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
-        measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads,
-                                               device=session.device, lengths=(None, length))
+        measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads, device=session.device,
+                                   lengths=(None, length))
         speed = {"free": measured[None], "fixed": measured[length]}
     heads = stack_heads(model)
     alignment_layer, alignment_heads = alignment(model.decoder)
-    costs = session.unit_costs()
+    costs = evaluator.unit_costs()
     macs = {name: mask_macs(costs, m, ATTENTION_TYPES)
             for name, m in (("mask", mask), ("ctranslate2", padded_mask(mask, heads)),
                             ("unpruned", session.unpruned_mask()))}

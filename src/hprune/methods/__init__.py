@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import json
 import os
 import pkgutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -43,6 +41,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ..errors import UserError
+from ..plugins import import_plugin
 
 
 @dataclass(frozen=True)
@@ -174,23 +173,9 @@ def import_module(module: Optional[str]) -> None:
     """Import a method kept outside this package (a yaml's `module:`): a module name, or a path to a .py file."""
     if not module:
         return
-    path = Path(str(module)).expanduser()
-    try:
-        if path.suffix == ".py":
-            if not path.is_file():
-                raise UserError(f"prune.module={module}: no such file; give a .py file or a module on PYTHONPATH")
-            name = f"hprune_plugin_{path.stem}"  # (the name the plugin imports it by, in fairseq's workers)
-            if name not in sys.modules:
-                spec = importlib.util.spec_from_file_location(name, path)
-                sys.modules[name] = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(sys.modules[name])
-        else:
-            importlib.import_module(str(module))
-    except ModuleNotFoundError as err:
-        raise UserError(f"prune.module={module}: {err}; put its folder on PYTHONPATH or give the .py file's path") from None
+    entry = import_plugin(module, "prune.module")
     # fairseq's training workers (processes of their own) import it too: a mechanism it registers is theirs
     plugins = [p for p in os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep) if p]
-    entry = str(path.resolve()) if path.suffix == ".py" else str(module)
     if entry not in plugins:
         os.environ["HPRUNE_PLUGINS"] = os.pathsep.join([*plugins, entry])
 

@@ -22,7 +22,9 @@ from omegaconf import DictConfig
 
 from .. import console
 from ..attention_types import ATTENTION_TYPES, check_attention_types
+from ..deploy.fairseq_checkpoint import write_checked
 from ..errors import UserError
+from ..evaluation import Evaluation, Evaluator
 from ..files import run_dir, write_atomic, write_json
 from ..pruning.heads import (
     Head,
@@ -42,7 +44,6 @@ from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from ..reporting.tables import markdown
 from ..rundir import PRUNED, RunDir, save_hypotheses
-from ..session import delta_bleu
 from . import MethodSettings
 
 log = logging.getLogger(__name__)
@@ -111,15 +112,15 @@ def head_scores(session, cfg: DictConfig, method: str, mask: Optional[Mask] = No
         return get_method(method).score(session, cfg)
 
 
-def ablations(session, cfg: DictConfig, pool: Set[Head], importance: pd.DataFrame, unpruned: dict, out: Path) -> None:
+def ablations(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], importance: pd.DataFrame, unpruned: Evaluation,
+              out: Path) -> None:
     """Ablations on the unpruned model: Michel et al.'s two (every head removed alone; every layer reduced to its
     most important head) and every head of one attention type removed at once (which type is most sensitive)."""
-    p, model = cfg.prune, session.model
+    p, model = cfg.prune, evaluator.session.model
 
     def row(mask: Mask, **where) -> dict:
-        result = session.evaluate(mask)
-        return {**where, "bleu": result["bleu"], "delta_bleu": delta_bleu(result, unpruned),
-                "valid_loss": result["valid_loss"]}
+        result = evaluator.evaluate(mask)
+        return {**where, "bleu": result.bleu, "delta_bleu": result.delta_bleu(unpruned), "valid_loss": result.valid_loss}
 
     if "single" in p.ablations:
         rows = [row(mask_without(model, {head}), type=head[0], layer=head[1], head=head[2], id=michel_id(head))
@@ -129,41 +130,41 @@ def ablations(session, cfg: DictConfig, pool: Set[Head], importance: pd.DataFram
         rows = []
         heads_in_table = importance[["type", "layer", "head"]].itertuples(index=False, name=None)
         in_pool = pd.Series([head in pool for head in heads_in_table], index=importance.index)
-        for kind in ATTENTION_TYPES:
-            for layer, heads in importance[in_pool & (importance["type"] == kind)].groupby("layer"):
+        for attn_type in ATTENTION_TYPES:
+            for layer, heads in importance[in_pool & (importance["type"] == attn_type)].groupby("layer"):
                 top = int(heads.sort_values(["importance", "head"], ascending=[False, True])["head"].iloc[0])
-                others = {(kind, int(layer), int(h)) for h in heads["head"] if h != top}
-                rows.append(row(mask_without(model, others), type=kind, layer=int(layer), kept_head=top,
+                others = {(attn_type, int(layer), int(h)) for h in heads["head"] if h != top}
+                rows.append(row(mask_without(model, others), type=attn_type, layer=int(layer), kept_head=top,
                                 heads_removed=len(others)))
         write_atomic(out / "ablation_one_head.csv", pd.DataFrame(rows).to_csv(index=False))
     if "types" in p.ablations:
-        rows = [row(mask_without(model, {h for h in pool if h[0] == kind}), type=kind,
-                    heads_removed=sum(h[0] == kind for h in pool)) for kind in ATTENTION_TYPES if kind in p.types]
+        rows = [row(mask_without(model, {h for h in pool if h[0] == attn_type}), type=attn_type,
+                    heads_removed=sum(h[0] == attn_type for h in pool)) for attn_type in ATTENTION_TYPES if attn_type in p.types]
         write_atomic(out / "ablation_types.csv", pd.DataFrame(rows).to_csv(index=False))
 
 
-def compared(result: dict, unpruned: dict, method_result: Optional[dict], control: Optional[dict],
-             cfg: DictConfig) -> dict:
+def compared(result: Evaluation, unpruned: Evaluation, method_result: Optional[Evaluation],
+             control: Optional[Evaluation], cfg: DictConfig) -> dict:
     """Paired bootstrap (sacreBLEU's) of a curve point against the unpruned model, against its fine-tuning control
     (when the curve fine-tunes) and, for a baseline order, against the method's own point at the same step:
     p-values, the point's 95 % interval, significance at 0.05."""
     sig = cfg.significance
-    test = paired_bootstrap(unpruned["hypotheses"], result["hypotheses"], result["references"], sig.resamples, sig.seed)
+    test = paired_bootstrap(unpruned.hypotheses, result.hypotheses, result.references, sig.resamples, sig.seed)
     row = {"bleu_ci95": round(test["bleu_ci95"], 4), "p_vs_unpruned": round(test["p_value"], 4),
            "significant_vs_unpruned": test["significant"]}
     for name, other in (("control", control), ("method", method_result)):
         if other is not None:
-            versus = paired_bootstrap(other["hypotheses"], result["hypotheses"], result["references"],
-                                      sig.resamples, sig.seed)
+            versus = paired_bootstrap(other.hypotheses, result.hypotheses, result.references, sig.resamples, sig.seed)
             row.update({f"p_vs_{name}": round(versus["p_value"], 4), f"significant_vs_{name}": versus["significant"]})
     return row
 
 
-def finetuning_control(session, cfg: DictConfig, pool: Set[Head], steps: List[float], initial_state: dict) -> dict:
+def finetuning_control(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], steps: List[float],
+                       initial_state: dict) -> dict:
     """The control of a fine-tuned curve: the unpruned model fine-tuned exactly as the pruned one is at each step
     (the same updates, learning rate and batch order, cumulatively), nothing pruned. {step: its evaluation} for
     the steps that fine-tune; translations saved as `control.<step>`."""
-    p = cfg.prune
+    p, session = cfg.prune, evaluator.session
     session.load_state(initial_state)
     controls = {}
     log.info("fine-tuning control: %d updates per step, nothing pruned", p.finetune.updates)
@@ -171,14 +172,14 @@ def finetuning_control(session, cfg: DictConfig, pool: Set[Head], steps: List[fl
         for step, pct in enumerate(steps):
             if heads_to_prune(len(pool), pct):
                 session.finetune(None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
-                controls[step] = session.evaluate(None)
+                controls[step] = evaluator.evaluate(None)
                 save_hypotheses(run_dir(), f"control.{step}", controls[step])
             bar.advance(1)
     session.load_state(initial_state)
     return controls
 
 
-def curve(session, cfg: DictConfig, pool: Set[Head], method: str, steps: List[float], unpruned: dict,
+def curve(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], method: str, steps: List[float], unpruned: Evaluation,
           initial_state: Optional[dict],
           on_row: Callable[[list], None], candidate: Callable[[dict], bool],
           against: Optional[dict] = None, controls: Optional[dict] = None) -> tuple[list, Optional[tuple], dict]:
@@ -188,7 +189,7 @@ def curve(session, cfg: DictConfig, pool: Set[Head], method: str, steps: List[fl
     `controls`: the fine-tuning control's evaluations by step (finetuning_control)."""
     against, controls = against or {}, controls or {}
     results = {}
-    p = cfg.prune
+    p, session = cfg.prune, evaluator.session
     if initial_state is not None:  # fine-tuning changed the weights: every order starts from the checkpoint
         session.load_state(initial_state)
     session.set_mask(None)
@@ -206,15 +207,14 @@ def curve(session, cfg: DictConfig, pool: Set[Head], method: str, steps: List[fl
             n = len(pruned)  # per_stack may prune a few more than the step's share
             if p.finetune.updates and n:
                 session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
-            result = unpruned if n == 0 else session.evaluate(mask)
+            result = unpruned if n == 0 else evaluator.evaluate(mask)
             control = controls.get(step)
             row = {"order": method, "layout": p.layout, "step": step, "pct_target": pct, "heads_pruned": n,
                    "pct_pruned": round(100 * n / len(pool), 2), **kept_columns(mask),
-                   "attention_macs_pct": session.attention_macs_pct(mask, p.types), "bleu": result["bleu"],
-                   "delta_bleu": delta_bleu(result, unpruned), "chrf": result["chrf"],
-                   "valid_loss": result["valid_loss"]}
+                   "attention_macs_pct": evaluator.attention_macs_pct(mask, p.types), "bleu": result.bleu,
+                   "delta_bleu": result.delta_bleu(unpruned), "chrf": result.chrf, "valid_loss": result.valid_loss}
             if control is not None:
-                row.update(bleu_control=control["bleu"], delta_bleu_control=delta_bleu(result, control))
+                row.update(bleu_control=control.bleu, delta_bleu_control=result.delta_bleu(control))
             if n and cfg.significance.resamples:
                 row.update(compared(result, unpruned, against.get(step), control, cfg))
             save_hypotheses(run_dir(), f"{method}.{step}", result)
@@ -231,7 +231,7 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
     """An order's run: scores, ablations, the curves of the method and its baselines, head_mask.json, export."""
     from . import get_method, method_names
 
-    p = cfg.prune
+    p, evaluator = cfg.prune, Evaluator.of(session, cfg)
     orders = method_names(procedure=False)
     steps = check_settings(p, orders)
     model = session.model
@@ -253,10 +253,10 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
     write_atomic(out / "head_importance.csv", importance.sort_values(["type", "layer", "head"]).to_csv(index=False))
     plots.head_heatmaps(importance, "importance", out / "head_importance.png", f"{p.method} head scores")
 
-    unpruned = session.evaluate(None)
+    unpruned = evaluator.evaluate(None)
     initial_state = session.state() if p.finetune.updates else None
     if p.ablations:
-        ablations(session, cfg, pool, importance, unpruned, out)
+        ablations(evaluator, cfg, pool, importance, unpruned, out)
 
     all_rows: list = []
 
@@ -274,24 +274,24 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
         return row["delta_bleu"] >= -p.max_bleu_drop
 
     method_results: dict = {}
-    controls = finetuning_control(session, cfg, pool, steps, initial_state) if p.finetune.updates else {}
+    controls = finetuning_control(evaluator, cfg, pool, steps, initial_state) if p.finetune.updates else {}
     for order in dict.fromkeys([p.method, *p.baselines]):  # the method first, each order once
-        rows, last_candidate, results = curve(session, cfg, pool, order, steps, unpruned, initial_state, write_curve,
+        rows, last_candidate, results = curve(evaluator, cfg, pool, order, steps, unpruned, initial_state, write_curve,
                                               candidate, None if order == p.method else method_results, controls)
         all_rows += rows
         if order == p.method:
             chosen, chosen_result, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
             method_results = {step: r for step, r in results.items() if step > 0}
     table = pd.DataFrame(all_rows)
-    plots.bleu_curve(table, unpruned["bleu"], out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
+    plots.bleu_curve(table, unpruned.bleu, out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
     write_json(RunDir(out).head_mask, chosen_mask)
 
     metrics = {
         "method": p.method, "layout": p.layout, "split": cfg.split,
-        "bleu": chosen["bleu"], "delta_bleu": chosen["delta_bleu"], "bleu_unpruned": unpruned["bleu"],
-        "chrf": chosen["chrf"], "valid_loss": chosen["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
+        "bleu": chosen["bleu"], "delta_bleu": chosen["delta_bleu"], "bleu_unpruned": unpruned.bleu,
+        "chrf": chosen["chrf"], "valid_loss": chosen["valid_loss"], "valid_loss_unpruned": unpruned.valid_loss,
         "pct_pruned": chosen["pct_pruned"], "heads_pruned": chosen["heads_pruned"], "heads_pool": len(pool),
-        **kept_columns(chosen_mask), "bleu_signature": unpruned["bleu_signature"],
+        **kept_columns(chosen_mask), "bleu_signature": unpruned.bleu_signature,
         "types": list(p.types), "step_pct": p.step_pct, "target_pct": p.target_pct, "max_bleu_drop": p.max_bleu_drop,
         "reestimate": p.reestimate, "min_heads_per_layer": p.min_heads_per_layer,
         "finetune_updates": p.finetune.updates, "importance_split": p.importance.split,
@@ -301,7 +301,7 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
     if p.export:
         if chosen_weights is not None:
             session.load_state(chosen_weights)  # the fine-tuned weights of the chosen step
-        metrics.update(session.export(chosen_mask, RunDir(out).checkpoint(PRUNED), chosen_result))
+        metrics.update(write_checked(evaluator, chosen_mask, RunDir(out).checkpoint(PRUNED), chosen_result))
     print(markdown(table.drop(columns=CURVE_ONLY)), end="")
     print(f"head_mask.json: {chosen['pct_pruned']} % of {len(pool)} heads pruned ({p.layout} layout), BLEU "
           f"{chosen['bleu']:.2f} ({chosen['delta_bleu']:+.2f} vs unpruned)")

@@ -25,6 +25,7 @@ from omegaconf import MISSING, DictConfig
 from .. import backend
 from ..attention_types import check_attention_types
 from ..errors import UserError
+from ..evaluation import Evaluator
 from ..files import write_atomic
 from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
@@ -79,9 +80,9 @@ def logit_table(model) -> pd.DataFrame:
     """One row per selectable head: its logit and whether the read-out keeps it."""
     selector = model.head_selector
     logits, kept = selector.logits.detach().cpu().tolist(), selector.deterministic().cpu().tolist()
-    heads = [(kind, layer, h) for kind, layer, m in model.attention_modules() if m.gate is not None for h in m.head_ids]
-    return pd.DataFrame([{"type": kind, "layer": layer, "head": h, "logit": round(logit, 6), "kept": int(k)}
-                         for (kind, layer, h), logit, k in zip(heads, logits, kept)])
+    heads = [(attn_type, layer, h) for attn_type, layer, m in model.attention_modules() if m.gate is not None for h in m.head_ids]
+    return pd.DataFrame([{"type": attn_type, "layer": layer, "head": h, "logit": round(logit, 6), "kept": int(k)}
+                         for (attn_type, layer, h), logit, k in zip(heads, logits, kept)])
 
 
 # K = every head: the same continued training, nothing selected
@@ -93,18 +94,18 @@ REPORT = Report(knobs=("head_budget",), columns=("bleu_finetuned",), sweep_colum
 
 
 @register_method("dsp", procedure=True, settings=DspSettings, check=check_settings, control=CONTROL, report=REPORT)
-def dsp(start, cfg: DictConfig, out: Path) -> dict:
+def dsp(session, cfg: DictConfig, out: Path) -> dict:
     """Li et al. 2021: a Gumbel soft top-K over learned head logits keeps exactly K heads."""
-    p = cfg.prune
-    pool = pool_of(start.model, p.types)
+    p, start = cfg.prune, Evaluator.of(session, cfg)
+    pool = pool_of(session.model, p.types)
     if p.head_budget > len(pool):
         raise UserError(f"prune.head_budget={p.head_budget} is more heads than {', '.join(p.types)} has "
                         f"({len(pool)}); use 1..{len(pool)} ({len(pool)}: the control, nothing selected)")
     pool, unpruned = trained.unpruned(start, cfg, out)
 
     selecting, seconds = trained.train(start, cfg, selection_options(p), out, "subset selection")
-    logits = logit_table(selecting.model)
-    bleu_selector = selecting.translate()[1]["bleu"]  # eval mode: the hard top-K
+    logits = logit_table(selecting.session.model)
+    bleu_selector = selecting.translate()[1].bleu  # eval mode: the hard top-K
     logits, closed, mask, pruned = trained.read_out(selecting, logits, "logit", p, out)
     write_atomic(out / "dsp_logits.csv", logits.to_csv(index=False))
     plots.head_heatmaps(logits, "logit", out / "dsp_logits.png", f"DSP logits, K = {p.head_budget}")

@@ -42,14 +42,15 @@ import torch
 from omegaconf import DictConfig
 
 from ..attention_types import check_attention_types
+from ..deploy.fairseq_checkpoint import write_checked
 from ..errors import UserError
+from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
 from ..flops import mask_macs
 from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
 from ..rundir import PRUNED, RunDir, save_hypotheses
-from ..session import delta_bleu
 from . import MethodSettings, Report, register_method, trained
 
 log = logging.getLogger(__name__)
@@ -143,23 +144,23 @@ def rearrange(kept: set, heads: List[Head], grads: torch.Tensor, types) -> set:
 
 # --------------------------------------------------------------------------------------------- tuning
 def forward_order(model) -> list:
-    """The attention sublayers in the order the data meets them (the plugin's Sublayer: kind, layer, module,
+    """The attention sublayers in the order the data meets them (the plugin's Sublayer: attn_type, layer, module,
     the transformer layer and which of its residual connections is this one's)."""
-    return [s for s in model.sublayers() if s.kind is not None]
+    return [s for s in model.sublayers() if s.attn_type is not None]
 
 
-def _real(sample: dict, kind: str, pad: int) -> torch.Tensor:
+def _real(sample: dict, attn_type: str, pad: int) -> torch.Tensor:
     """(len, batch) booleans: the real tokens of the sublayer's queries (time-major, as fairseq's layers)."""
-    tokens = sample["net_input"]["src_tokens"] if kind == "enc-self" else sample["target"]
+    tokens = sample["net_input"]["src_tokens"] if attn_type == "enc-self" else sample["target"]
     return tokens.ne(pad).t()
 
 
 @torch.no_grad()
-def least_squares(student, teacher, kind: str, layer: int, batches: List[dict], pad: int, units: List[int]):
+def least_squares(student, teacher, attn_type: str, layer: int, batches: List[dict], pad: int, units: List[int]):
     """Normal equations (AᵀA, Aᵀb) of the scales of `units` (local indices) that make the student's sublayer
     output, residual included, closest to the teacher's over the calibration tokens."""
-    at = {(s.kind, s.layer): s for s in forward_order(student)}[kind, layer]
-    there = {(s.kind, s.layer): s for s in forward_order(teacher)}[kind, layer]
+    at = {(s.attn_type, s.layer): s for s in forward_order(student)}[attn_type, layer]
+    there = {(s.attn_type, s.layer): s for s in forward_order(teacher)}[attn_type, layer]
     module = at.module
     bias = getattr(getattr(module, "out_proj", None), "bias", None)
     gram = torch.zeros(len(units), len(units), dtype=torch.float64)
@@ -175,7 +176,7 @@ def least_squares(student, teacher, kind: str, layer: int, batches: List[dict], 
             shares = module.unit_contributions.permute(2, 0, 1, 3)  # (len, batch, units, d)
         finally:
             module.record_contributions, module.unit_contributions = False, None
-        real = _real(sample, kind, pad)
+        real = _real(sample, attn_type, pad)
         (update_t, residual_t), (_, residual_s) = seen_teacher[0], seen_student[0]
         goal = (update_t + residual_t - residual_s)[real].double()
         if bias is not None:
@@ -199,19 +200,19 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
     stopped = "done"
     first = {"enc-self": 0, "dec-self": 0}
     for sublayer in forward_order(model):
-        kind, layer, module = sublayer.kind, sublayer.layer, sublayer.module
-        units = [i for i, h in enumerate(module.head_ids) if mask[kind][layer][h]]
-        if kind not in types or not units or first.get(kind) == layer:
+        attn_type, layer, module = sublayer.attn_type, sublayer.layer, sublayer.module
+        units = [i for i, h in enumerate(module.head_ids) if mask[attn_type][layer][h]]
+        if attn_type not in types or not units or first.get(attn_type) == layer:
             continue
-        gram, target = least_squares(model, teacher, kind, layer, batches, session.pad, units)
+        gram, target = least_squares(model, teacher, attn_type, layer, batches, session.pad, units)
         solution = torch.linalg.lstsq(gram, target.unsqueeze(-1)).solution.squeeze(-1)
         if not torch.isfinite(solution).all() or solution.abs().max() > max_scale:
-            stopped = f"stopped at {kind} layer {layer}: scales outside ±{max_scale:g} (the reference's rule)"
+            stopped = f"stopped at {attn_type} layer {layer}: scales outside ±{max_scale:g} (the reference's rule)"
             break
         values = torch.ones(module.num_heads, dtype=torch.float64)
         values[units] = solution
         module.scale_units(values.to(next(module.parameters()).device))
-        scales.update({(kind, layer, module.head_ids[u]): float(s) for u, s in zip(units, solution)})
+        scales.update({(attn_type, layer, module.head_ids[u]): float(s) for u, s in zip(units, solution)})
     del teacher
     return scales, stopped
 
@@ -221,15 +222,15 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
                  report=Report(knobs=("macs_budget",), title="Kwon et al. (fisher)"))
 def fisher(session, cfg: DictConfig, out: Path) -> dict:
     """Kwon et al. 2022: Fisher-ranked heads under a MACs budget, rearranged and rescaled, without retraining."""
-    p, c = cfg.prune, cfg.prune.calibration
+    p, c, evaluator = cfg.prune, cfg.prune.calibration, Evaluator.of(session, cfg)
     model, types = session.model, list(p.types)
     started = time.perf_counter()  # the calibration data first: a missing or empty split stops before any output
     batches = session.sampled_batches(c.split, c.sentences, c.batch_size, c.seed)
     seconds = {"calibration": time.perf_counter() - started}
     pool = pool_of(model, types)
-    costs = session.unit_costs()
+    costs = evaluator.unit_costs()
     base = mask_macs(costs, session.unpruned_mask(), types)
-    unpruned = session.evaluate(None)
+    unpruned = evaluator.evaluate(None)
     save_hypotheses(out, "unpruned", unpruned)
 
     started = time.perf_counter()
@@ -257,21 +258,21 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     stages, results = [], {}
     for stage, heads_kept in kept.items():
         stage_mask = mask_without(model, pool - heads_kept)
-        results[stage] = session.evaluate(stage_mask)
+        results[stage] = evaluator.evaluate(stage_mask)
         save_hypotheses(out, stage, results[stage])
-        stages.append(_stage_row(session, stage, stage_mask, results[stage], unpruned, types))
+        stages.append(_stage_row(evaluator, stage, stage_mask, results[stage], unpruned, types))
     scales, stopped = {}, "off"
     if p.tune:
         started = time.perf_counter()
         scales, stopped = tune(session, mask_without(model, pool - teacher_kept), mask, types, batches,
                                p.tune_max_scale)
         seconds["tune"] = time.perf_counter() - started
-        results["tuned"] = session.evaluate(mask)
-        stages.append(_stage_row(session, "tuned", mask, results["tuned"], unpruned, types))
+        results["tuned"] = evaluator.evaluate(mask)
+        stages.append(_stage_row(evaluator, "tuned", mask, results["tuned"], unpruned, types))
     names, sig = list(results), cfg.significance  # each stage against the one before it, on the same sentences
     for row, before, stage in zip(stages[1:], names, names[1:]):
-        test = paired_bootstrap(results[before]["hypotheses"], results[stage]["hypotheses"],
-                                results[stage]["references"], sig.resamples or STAGE_RESAMPLES, sig.seed)
+        test = paired_bootstrap(results[before].hypotheses, results[stage].hypotheses, results[stage].references,
+                                sig.resamples or STAGE_RESAMPLES, sig.seed)
         row.update(p_vs_previous=round(test["p_value"], 4), significant_vs_previous=test["significant"])
     result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
     save_hypotheses(out, "pruned", result)
@@ -288,23 +289,23 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         "method": "fisher", "layout": p.layout, "split": cfg.split, "types": types, "macs_budget": p.macs_budget,
         "calibration_split": c.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
         "rearrange": p.rearrange, "tune": p.tune, "tuning": stopped,
-        **trained.outcome(session, types, pool, pool - final, mask, result, unpruned),
-        **{f"bleu_{stage}": results[stage]["bleu"] for stage in results},
+        **trained.outcome(evaluator, types, pool, pool - final, mask, result, unpruned),
+        **{f"bleu_{stage}": results[stage].bleu for stage in results},
         "attention_macs_pool": round(base), "attention_macs_kept": round(macs),
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
     if p.export:
-        metrics.update(session.export(mask, RunDir(out).checkpoint(PRUNED), result))
+        metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))
     print(summary(metrics))
     return metrics
 
 
-def _stage_row(session, stage: str, mask: dict, result: dict, unpruned: dict, types) -> dict:
-    return {"stage": stage, "kept_heads": sum(sum(map(sum, mask[kind])) for kind in types),
-            "attention_macs_pct": session.attention_macs_pct(mask, types), "bleu": result["bleu"],
-            "delta_bleu": delta_bleu(result, unpruned), "valid_loss": result["valid_loss"]}
+def _stage_row(evaluator: Evaluator, stage: str, mask: dict, result: Evaluation, unpruned: Evaluation, types) -> dict:
+    return {"stage": stage, "kept_heads": sum(sum(map(sum, mask[attn_type])) for attn_type in types),
+            "attention_macs_pct": evaluator.attention_macs_pct(mask, types), "bleu": result.bleu,
+            "delta_bleu": result.delta_bleu(unpruned), "valid_loss": result.valid_loss}
 
 
 def summary(m: dict) -> str:

@@ -1,7 +1,8 @@
 """What the methods that train share (Voita's gates, DSP): continuing a checkpoint's training with fairseq-train
 (so the same command resumes an interrupted run), reading the trained gates out as a head mask, the metrics
 every such run reports, and the options after it: fine-tuning with the mask fixed, and the physical export.
-`outcome`, the mask's and its evaluation's metrics, serves every procedure (fisher's too)."""
+`outcome`, the mask's and its evaluation's metrics, serves every procedure (fisher's too). A model here is an
+evaluation.Evaluator: the opened session and how it is measured."""
 from __future__ import annotations
 
 import os
@@ -12,13 +13,14 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from .. import backend
+from ..deploy.fairseq_checkpoint import write_checked
+from ..evaluation import Evaluation, Evaluator
 from ..files import write_json
 from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of, scores_by_head
 from ..rundir import LAST, PRUNED, RunDir, save_hypotheses
-from ..session import delta_bleu
 
 
-def train(start, cfg: DictConfig, options: list, out: Path, label: str):
+def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: str) -> tuple[Evaluator, float]:
     """fairseq-train from start's checkpoint with the hprune criterion, `options` and prune.optim: the trained
     model, reopened on start's data (its gates still in), and the seconds the training took (this process's
     share, if it resumed)."""
@@ -26,20 +28,20 @@ def train(start, cfg: DictConfig, options: list, out: Path, label: str):
     plugins = [entry for entry in os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep) if entry]
     if plugins:  # a mechanism registered outside hprune: the checkpoint records where it comes from
         options = options + ["--plugin-modules", ",".join(plugins)]
-    argv = start.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
+    argv = start.session.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
     started = time.perf_counter()
     backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
     return start.reopen(RunDir(out).checkpoint(LAST)), round(time.perf_counter() - started, 3)
 
 
-def unpruned(start, cfg: DictConfig, out: Path) -> tuple:
+def unpruned(start: Evaluator, cfg: DictConfig, out: Path) -> tuple[set, Evaluation]:
     """The pool of prune.types' heads and the start's evaluation (its translations saved), before any training."""
     result = start.evaluate(None)
     save_hypotheses(out, "unpruned", result)
-    return pool_of(start.model, cfg.prune.types), result
+    return pool_of(start.session.model, cfg.prune.types), result
 
 
-def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path):
+def read_out(trained: Evaluator, table: pd.DataFrame, score: str, p: DictConfig, out: Path):
     """The read-out `table` (type, layer, head, kept, and the column `score`) under prune.layout; then fold the
     kept heads' gates into the weights (Session.fold_mechanisms: the ungated model computes what the gated one did in
     eval mode), mask the closed heads and evaluate: (the table, closed heads, mask, evaluation); head_mask.json
@@ -53,48 +55,49 @@ def read_out(trained, table: pd.DataFrame, score: str, p: DictConfig, out: Path)
         kept = per_stack_kept(set(by_head), by_head, layer_floor(p.layout, 0), int(table["kept"].sum()))
         table = table.assign(kept_free=table["kept"], kept=[int(head in kept) for head in by_head])
     closed = {(r.type, int(r.layer), int(r.head)) for r in table.itertuples() if not r.kept}
-    mask = trained.fold_mechanisms(mask_without(trained.model, closed))
+    mask = trained.session.fold_mechanisms(mask_without(trained.session.model, closed))
     result = trained.evaluate(mask)
     save_hypotheses(out, "pruned", result)
     write_json(RunDir(out).head_mask, mask)
     return table, closed, mask, result
 
 
-def outcome(session, types, pool: set, closed: set, mask: dict, result: dict, unpruned: dict) -> dict:
+def outcome(evaluator: Evaluator, types, pool: set, closed: set, mask: dict, result: Evaluation,
+            unpruned: Evaluation) -> dict:
     """The metrics of a procedure's mask and of its evaluation against the unpruned model's."""
     return {
-        "bleu": result["bleu"], "bleu_unpruned": unpruned["bleu"], "delta_bleu": delta_bleu(result, unpruned),
-        "chrf": result["chrf"], "valid_loss": result["valid_loss"], "valid_loss_unpruned": unpruned["valid_loss"],
-        "bleu_signature": result["bleu_signature"], "heads_pool": len(pool), "heads_pruned": len(closed),
+        "bleu": result.bleu, "bleu_unpruned": unpruned.bleu, "delta_bleu": result.delta_bleu(unpruned),
+        "chrf": result.chrf, "valid_loss": result.valid_loss, "valid_loss_unpruned": unpruned.valid_loss,
+        "bleu_signature": result.bleu_signature, "heads_pool": len(pool), "heads_pruned": len(closed),
         "kept_heads": len(pool) - len(closed), "pct_pruned": round(100 * len(closed) / len(pool), 2),
-        **kept_columns(mask), "attention_macs_pct": session.attention_macs_pct(mask, list(types)),
+        **kept_columns(mask), "attention_macs_pct": evaluator.attention_macs_pct(mask, list(types)),
     }
 
 
-def metrics(start, cfg: DictConfig, pool: set, closed: set, mask: dict, result: dict, unpruned: dict,
-            seconds: float) -> dict:
+def metrics(start: Evaluator, cfg: DictConfig, pool: set, closed: set, mask: dict, result: Evaluation,
+            unpruned: Evaluation, seconds: float) -> dict:
     """The metrics every trained run reports; `seconds`: the training's (what finding the mask cost)."""
     p = cfg.prune
     return {
         "method": p.method, "layout": p.layout, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
-        "seconds": seconds, **outcome(start, p.types, pool, closed, mask, result, unpruned), **start.provenance(),
+        "seconds": seconds, **outcome(start, p.types, pool, closed, mask, result, unpruned), **start.session.provenance(),
     }
 
 
-def finetune_and_export(start, trained, cfg: DictConfig, mask: dict, result: dict, unpruned: dict, out: Path) -> dict:
+def finetune_and_export(start: Evaluator, trained: Evaluator, cfg: DictConfig, mask: dict, result: Evaluation,
+                        unpruned: Evaluation, out: Path) -> dict:
     """prune.finetune.updates > 0: Adam updates with the mask fixed, then BLEU again; prune.export: the physically
     pruned checkpoint of the final weights. Their metrics."""
     p, found = cfg.prune, {}
     if p.finetune.updates:
-        trained.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
+        trained.session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
         result = trained.evaluate(mask)
         save_hypotheses(out, "finetuned", result)
-        found.update(finetune_updates=p.finetune.updates, bleu_finetuned=result["bleu"],
-                     delta_bleu_finetuned=delta_bleu(result, unpruned),
-                     valid_loss_finetuned=result["valid_loss"])
+        found.update(finetune_updates=p.finetune.updates, bleu_finetuned=result.bleu,
+                     delta_bleu_finetuned=result.delta_bleu(unpruned), valid_loss_finetuned=result.valid_loss)
     if p.export:
-        found.update(trained.export(mask, RunDir(out).checkpoint(PRUNED), result,
-                                    config_from=start.checkpoint))
+        found.update(write_checked(trained, mask, RunDir(out).checkpoint(PRUNED), result,
+                                   config_from=start.session.checkpoint))
     return found
 
 

@@ -21,12 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from .. import backend
 from ..attention_types import check_attention_types
 from ..errors import UserError
+from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic
 from ..pruning.heads import describe_kept, pool_of
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from ..rundir import BEST, LAST, RunDir, save_hypotheses
-from ..session import delta_bleu
 from . import Control, MethodSettings, Report, register_method, trained
 from .curve import FinetuneSettings
 
@@ -97,10 +97,10 @@ def gate_table(model) -> pd.DataFrame:
     """One row per gated head: log α, P(open), the deterministic gate, kept (gate > 0: the read-out keeps it) and
     alive (Voita et al.'s count: P(open) > 0.5 and gate > 0)."""
     rows = []
-    for kind, layer, m in model.gated_modules():  # (Hard Concrete gates: the mechanism this method trains)
+    for attn_type, layer, m in model.gated_modules():  # (Hard Concrete gates: the mechanism this method trains)
         for log_alpha, p_open, gate, head in zip(m.gate.log_alpha.tolist(), m.gate.p_open().tolist(),
                                                  m.gate.deterministic().tolist(), m.head_ids):
-            rows.append({"type": kind, "layer": layer, "head": head, "log_alpha": round(log_alpha, 6),
+            rows.append({"type": attn_type, "layer": layer, "head": head, "log_alpha": round(log_alpha, 6),
                          "p_open": round(p_open, 6), "gate": round(gate, 6), "kept": int(gate > 0),
                          "alive": int(p_open > 0.5 and gate > 0)})
     return pd.DataFrame(rows)
@@ -125,32 +125,33 @@ def gate_options(p: DictConfig) -> list:
     return options + (["--freeze-decoder"] if p.freeze_decoder else [])
 
 
-def from_scratch(start, recipe: DictConfig, mask_path: Path, out: Path, unpruned: dict) -> dict:
+def from_scratch(start: Evaluator, cfg: DictConfig, recipe: DictConfig, mask_path: Path, out: Path,
+                 unpruned: Evaluation) -> dict:
     """Voita et al.'s control: the surviving head configuration trained from scratch, with the checkpoint's own
     training settings (model, optim, seed) on this run's data; its BLEU on the same split. Its own reference is
     the start model: the full head configuration trained from scratch by the same recipe (`unpruned`, its
     evaluation), so delta_bleu_scratch is what the head configuration alone costs, with its paired bootstrap
     p-value when significance.resamples is set."""
-    cfg = start.cfg
+    data = start.session.data
     control = OmegaConf.create({
         "model": recipe.model, "optim": recipe.optim, "seed": recipe.seed, "log_interval": recipe.log_interval,
-        "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(start.data, resolve=True),
+        "save_interval_updates": recipe.save_interval_updates, "data": OmegaConf.to_container(data, resolve=True),
         "device": cfg.device, "precision": cfg.precision, "head_mask": str(mask_path),
         "tensorboard": cfg.get("tensorboard", False)})
     scratch = RunDir(out / "scratch")
     save = scratch.checkpoints
-    backend.train(backend.train_argv(control, start.data_bin, save), script=out / "scratch" / "fairseq-train.sh",
+    backend.train(backend.train_argv(control, start.session.data_bin, save), script=out / "scratch" / "fairseq-train.sh",
                   label="from scratch", distributed=cfg.get("distributed"))
     trained = start.reopen(scratch.checkpoint(BEST))
     result = trained.evaluate(None)
     save_hypotheses(out, "scratch", result)
-    metrics = {"bleu_scratch": result["bleu"], "delta_bleu_scratch": delta_bleu(result, unpruned),
-               "valid_loss_scratch": result["valid_loss"],
+    metrics = {"bleu_scratch": result.bleu, "delta_bleu_scratch": result.delta_bleu(unpruned),
+               "valid_loss_scratch": result.valid_loss,
                "scratch_checkpoint": str(scratch.checkpoint(BEST).absolute()),
                "scratch_updates": backend.checkpoint_summary(scratch.checkpoint(LAST))["num_updates"]}
     sig = cfg.significance
     if sig.resamples:
-        test = paired_bootstrap(unpruned["hypotheses"], result["hypotheses"], result["references"], sig.resamples,
+        test = paired_bootstrap(unpruned.hypotheses, result.hypotheses, result.references, sig.resamples,
                                 sig.seed)
         metrics.update(p_scratch_vs_start=round(test["p_value"], 4), significant_scratch_vs_start=test["significant"])
     return metrics
@@ -169,19 +170,19 @@ REPORT = Report(knobs=("l0_lambda", "head_budget"),
 
 @register_method("voita", procedure=True, settings=VoitaSettings, check=check_settings, control=CONTROL,
                  report=REPORT)
-def voita(start, cfg: DictConfig, out: Path) -> dict:
+def voita(session, cfg: DictConfig, out: Path) -> dict:
     """Voita et al. 2019: Hard Concrete gates trained with an L0 penalty; closed gates are pruned heads."""
-    p = cfg.prune
-    recipe = training_recipe(start.checkpoint) if p.from_scratch else None
-    check_budget(p, len(pool_of(start.model, p.types)))
+    p, start = cfg.prune, Evaluator.of(session, cfg)
+    recipe = training_recipe(session.checkpoint) if p.from_scratch else None
+    check_budget(p, len(pool_of(session.model, p.types)))
     pool, unpruned = trained.unpruned(start, cfg, out)
 
     gated, seconds = trained.train(start, cfg, gate_options(p), out, "gates")
-    gates = gate_table(gated.model)
+    gates = gate_table(gated.session.model)
     kept_by_gates = int(gates["kept"].sum())
     if p.head_budget is not None:
         gates = exact_budget(gates, p.head_budget)
-    bleu_gates = gated.translate()[1]["bleu"]  # eval mode: the deterministic gates
+    bleu_gates = gated.translate()[1].bleu  # eval mode: the deterministic gates
     gates, closed, mask, pruned = trained.read_out(gated, gates, "log_alpha", p, out)
 
     write_atomic(out / "gates.csv", gates.to_csv(index=False))
@@ -203,7 +204,7 @@ def voita(start, cfg: DictConfig, out: Path) -> dict:
     }
     metrics.update(trained.finetune_and_export(start, gated, cfg, mask, pruned, unpruned, out))
     if p.from_scratch:
-        metrics.update(from_scratch(start, recipe, RunDir(out).head_mask, out, unpruned))
+        metrics.update(from_scratch(start, cfg, recipe, RunDir(out).head_mask, out, unpruned))
     print(summary(metrics))
     return metrics
 

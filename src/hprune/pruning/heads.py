@@ -28,7 +28,7 @@ Mask = Dict[str, List[List[int]]]
 
 def present_heads(model) -> List[Head]:
     """Every head the model still has, in a fixed order (type, layer, original id)."""
-    return [(kind, layer, h) for kind, layer, module in model.attention_modules() for h in module.head_ids]
+    return [(attn_type, layer, h) for attn_type, layer, module in model.attention_modules() for h in module.head_ids]
 
 
 def pool_of(model, types: Iterable[str]) -> Set[Head]:
@@ -39,7 +39,7 @@ def pool_of(model, types: Iterable[str]) -> Set[Head]:
 
 def moa_types(model) -> Set[str]:
     """The attention types whose layers are MoA layers (their "heads" are experts)."""
-    return {kind for kind, _, _ in moa_layers(model)}
+    return {attn_type for attn_type, _, _ in moa_layers(model)}
 
 
 def moa_layers(model) -> List[Tuple[str, int, object]]:
@@ -50,17 +50,17 @@ def moa_layers(model) -> List[Tuple[str, int, object]]:
 def layout(model) -> Dict[str, List[int]]:
     """{type: [unpruned heads per layer]}: the shape of a head mask for this model."""
     shape: Dict[str, List[int]] = {}
-    for kind, _, module in model.attention_modules():
-        shape.setdefault(kind, []).append(module.total_heads)
+    for attn_type, _, module in model.attention_modules():
+        shape.setdefault(attn_type, []).append(module.total_heads)
     return shape
 
 
 def mask_without(model, pruned: Iterable[Head]) -> Mask:
     """The head mask that keeps every present head except `pruned` (heads already removed stay 0)."""
     pruned = set(pruned)
-    mask = {kind: [[0] * n for n in per_layer] for kind, per_layer in layout(model).items()}
-    for kind, layer, h in present_heads(model):
-        mask[kind][layer][h] = 0 if (kind, layer, h) in pruned else 1
+    mask = {attn_type: [[0] * n for n in per_layer] for attn_type, per_layer in layout(model).items()}
+    for attn_type, layer, h in present_heads(model):
+        mask[attn_type][layer][h] = 0 if (attn_type, layer, h) in pruned else 1
     return mask
 
 
@@ -70,22 +70,22 @@ def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask
     multiplied by it (what a verb that only masks, eval, can run; a verb that removes heads cannot)."""
     try:
         mask = json.loads(Path(path).read_text())
-        shape = {kind: [len(row) for row in rows] for kind, rows in mask.items()}
+        shape = {attn_type: [len(row) for row in rows] for attn_type, rows in mask.items()}
     except (OSError, json.JSONDecodeError, AttributeError, TypeError) as err:
         raise UserError(f"{key}={path} cannot be read as a head_mask.json ({err})") from None
     if shape != expected:
         raise UserError(f"{key}={path} does not fit this model: it needs heads per layer {expected}")
-    for kind, rows in mask.items():
+    for attn_type, rows in mask.items():
         for layer, row in enumerate(rows):
             for h, value in enumerate(row):
                 number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                 if not number or (not soft and value not in (0, 1)):
                     raise UserError(
-                        f"{key}={path} has {json.dumps(value)} for {kind} layer {layer} head {h}: "
+                        f"{key}={path} has {json.dumps(value)} for {attn_type} layer {layer} head {h}: "
                         + ("a head's value is a finite number (its output is multiplied by it)" if soft else
                            "a mask that removes heads holds 0 (removed) or 1 (kept); `hprune eval mask=` also "
                            "runs values in between (each head's output multiplied by its value)"))
-    return {kind: [[int(v) if not soft else v for v in row] for row in rows] for kind, rows in mask.items()}
+    return {attn_type: [[int(v) if not soft else v for v in row] for row in rows] for attn_type, rows in mask.items()}
 
 
 def is_soft(mask: Mask) -> bool:
@@ -100,23 +100,23 @@ def alive(value: float) -> bool:
 
 def kept_ids(mask: Mask) -> Dict[str, List[List[int]]]:
     """{type: [[ids of alive heads] per layer]}, the form physical pruning stores in a checkpoint."""
-    return {kind: [[h for h, value in enumerate(row) if alive(value)] for row in rows] for kind, rows in mask.items()}
+    return {attn_type: [[h for h, value in enumerate(row) if alive(value)] for row in rows] for attn_type, rows in mask.items()}
 
 
 def kept_columns(mask: Mask) -> Dict[str, int]:
     """Alive heads per attention type, as flat metrics/table columns: {"kept_enc_self": 9, ...} (a soft mask's
     heads with a value other than 0)."""
-    return {f"kept_{kind.replace('-', '_')}": sum(alive(v) for row in rows for v in row) for kind, rows in mask.items()}
+    return {f"kept_{attn_type.replace('-', '_')}": sum(alive(v) for row in rows for v in row) for attn_type, rows in mask.items()}
 
 
 def describe_kept(metrics: dict) -> str:
     """The kept_columns counts among `metrics` as a summary line's words: "enc-self 9, dec-self 12, dec-enc 12"."""
-    return ", ".join(f"{kind} {metrics['kept_' + kind.replace('-', '_')]}" for kind in ATTENTION_TYPES)
+    return ", ".join(f"{attn_type} {metrics['kept_' + attn_type.replace('-', '_')]}" for attn_type in ATTENTION_TYPES)
 
 
 def michel_id(head: Head) -> str:
-    kind, layer, h = head
-    return f"{MICHEL_PREFIX[kind]}:{layer + 1}:{h + 1}"
+    attn_type, layer, h = head
+    return f"{MICHEL_PREFIX[attn_type]}:{layer + 1}:{h + 1}"
 
 
 def heads_to_prune(pool: int, pct: float) -> int:
@@ -129,7 +129,7 @@ def check_layout(layout: str, types: Iterable[str]) -> None:
     if layout not in LAYOUTS:
         raise UserError(f"prune.layout={layout} is not a layout; choose free (any heads) or per_stack (one head count "
                         "per encoder layer and one per decoder layer, as CTranslate2 holds them)")
-    decoder = [kind for kind in ("dec-self", "dec-enc") if kind in types]
+    decoder = [attn_type for attn_type in ("dec-self", "dec-enc") if attn_type in types]
     if layout == "per_stack" and len(decoder) == 1:
         other = {"dec-self": "dec-enc", "dec-enc": "dec-self"}[decoder[0]]
         raise UserError(f"prune.layout=per_stack keeps one head count for a decoder layer's self- and cross-attention, "
@@ -146,8 +146,8 @@ def layer_floor(layout: str, min_heads_per_layer: int) -> int:
 def max_prunable(pool_heads: Iterable[Head], min_heads_per_layer: int, layout: str = "free") -> int:
     floor = layer_floor(layout, min_heads_per_layer)
     per_layer: Dict[Tuple[str, int], int] = {}
-    for kind, layer, _ in pool_heads:
-        per_layer[(kind, layer)] = per_layer.get((kind, layer), 0) + 1
+    for attn_type, layer, _ in pool_heads:
+        per_layer[(attn_type, layer)] = per_layer.get((attn_type, layer), 0) + 1
     return sum(max(0, n - floor) for n in per_layer.values())
 
 
@@ -159,8 +159,8 @@ def per_stack_masks(pool: Set[Head], scores: Dict[Head, float], floor: int) -> L
     for head in pool:
         sublayers.setdefault(head[:2], []).append(head)
     stacks: Dict[str, List[List[Head]]] = {}
-    for (kind, _), heads in sorted(sublayers.items()):
-        stacks.setdefault(STACK[kind], []).append(sorted(heads, key=lambda h: (-scores[h], h[2])))
+    for (attn_type, _), heads in sorted(sublayers.items()):
+        stacks.setdefault(STACK[attn_type], []).append(sorted(heads, key=lambda h: (-scores[h], h[2])))
     choices = []
     for layers in stacks.values():
         largest = max(map(len, layers))
@@ -205,8 +205,8 @@ def extend_pruned(scores: pd.DataFrame, pruned: Set[Head], n_total: int, pool: S
         kept = per_stack_kept(alive_heads, by_head, layer_floor(layout, min_heads_per_layer), len(pool) - n_total)
         return pruned | (alive_heads - kept)
     alive: Dict[Tuple[str, int], int] = {}
-    for kind, layer, h in pool - pruned:
-        alive[(kind, layer)] = alive.get((kind, layer), 0) + 1
+    for attn_type, layer, h in pool - pruned:
+        alive[(attn_type, layer)] = alive.get((attn_type, layer), 0) + 1
     for row in ranked(scores).itertuples(index=False):
         if len(pruned) >= n_total:
             break

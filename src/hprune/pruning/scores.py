@@ -29,9 +29,9 @@ from .heads import moa_layers, moa_types
 def _table(model, values: Dict[Tuple[str, int], torch.Tensor]) -> pd.DataFrame:
     """{(type, layer): (heads present,) scores} -> rows, heads under their original ids."""
     rows = []
-    for kind, layer, module in model.attention_modules():
+    for attn_type, layer, module in model.attention_modules():
         for local, h in enumerate(module.head_ids):
-            rows.append((kind, layer, h, float(values[(kind, layer)][local])))
+            rows.append((attn_type, layer, h, float(values[(attn_type, layer)][local])))
     return pd.DataFrame(rows, columns=["type", "layer", "head", "importance"])
 
 
@@ -66,9 +66,9 @@ def _output_gradients(model, loss_of: Callable, batches: Iterable[dict], per_tok
             loss, sample_size = loss_of(model, sample)[:2]
             if per_token_loss:
                 loss = loss / sample_size
-            recorded = [(kind, layer, m.head_outputs) for kind, layer, m in modules if m.head_outputs is not None]
+            recorded = [(attn_type, layer, m.head_outputs) for attn_type, layer, m in modules if m.head_outputs is not None]
             grads = torch.autograd.grad(loss, [out for _, _, out in recorded], allow_unused=True)
-            yield sample, [(kind, layer, out.detach(), grad) for (kind, layer, out), grad in zip(recorded, grads)]
+            yield sample, [(attn_type, layer, out.detach(), grad) for (attn_type, layer, out), grad in zip(recorded, grads)]
     finally:
         model.record_heads()
 
@@ -82,19 +82,20 @@ def _mask_gradient_per_token(out: torch.Tensor, grad: torch.Tensor, real: torch.
 def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.DataFrame, Dict[str, int]]:
     """Head importance summed over batches, divided by the non-pad query tokens of its side (source tokens for
     enc-self, target tokens for the decoder's two). Returns the table and the token counts."""
-    totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in model.attention_modules()}
+    totals = {(attn_type, layer): torch.zeros(m.num_heads, dtype=torch.float64)
+              for attn_type, layer, m in model.attention_modules()}
     tokens = {"enc-self": 0, "dec-self": 0, "dec-enc": 0}
     for sample, recorded in _output_gradients(model, criterion, batches):  # the training loss, as Michel's code
         real = _non_pad(sample, pad)
-        for kind, layer, out, grad in recorded:
+        for attn_type, layer, out, grad in recorded:
             if grad is None:  # a head set that cannot reach the loss (all masked)
                 continue
-            totals[(kind, layer)] += _mask_gradient_per_token(out, grad, real[kind]).abs().sum((0, 2)).double().cpu()
-        for kind in tokens:
-            tokens[kind] += int(real[kind].sum())
+            totals[(attn_type, layer)] += _mask_gradient_per_token(out, grad, real[attn_type]).abs().sum((0, 2)).double().cpu()
+        for attn_type in tokens:
+            tokens[attn_type] += int(real[attn_type].sum())
     if not tokens["enc-self"]:
         raise ValueError("no batches: head importance needs at least one sentence")
-    values = {(kind, layer): total / tokens[kind] for (kind, layer), total in totals.items()}
+    values = {(attn_type, layer): total / tokens[attn_type] for (attn_type, layer), total in totals.items()}
     return _table(model, values), tokens
 
 
@@ -107,19 +108,19 @@ def mask_gradients(model, batches: Iterable[dict], pad: int, per: str = "sentenc
     layer, original id) in the model's order, and the (rows, heads) gradients."""
     if per not in ("sentence", "batch"):
         raise ValueError(f"per={per}: mask gradients are per sentence or per batch")
-    heads = [(kind, layer, h) for kind, layer, m in model.attention_modules() for h in m.head_ids]
+    heads = [(attn_type, layer, h) for attn_type, layer, m in model.attention_modules() for h in m.head_ids]
     rows = []
     loss_of = lambda model_, sample: nll(model_, sample, pad)  # noqa: E731
     for sample, recorded in _output_gradients(model, loss_of, batches, per_token_loss=per == "batch"):
         real = _non_pad(sample, pad)
-        found = {(kind, layer): (out, grad) for kind, layer, out, grad in recorded}
+        found = {(attn_type, layer): (out, grad) for attn_type, layer, out, grad in recorded}
         block = []
-        for kind, layer, m in model.attention_modules():
-            out, grad = found.get((kind, layer), (None, None))
+        for attn_type, layer, m in model.attention_modules():
+            out, grad = found.get((attn_type, layer), (None, None))
             if grad is None:
                 block.append(torch.zeros(len(sample["id"]), m.num_heads, dtype=torch.float64))
                 continue
-            block.append(_mask_gradient_per_token(out, grad, real[kind]).sum(2).double().cpu())  # (sentences, heads)
+            block.append(_mask_gradient_per_token(out, grad, real[attn_type]).sum(2).double().cpu())  # (sentences, heads)
         block = torch.cat(block, dim=1)
         rows.append(block if per == "sentence" else block.sum(0, keepdim=True))
     if not rows:
@@ -136,27 +137,27 @@ def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFra
     if moa_types(model):
         raise ValueError("confidence needs per-head attention maps, which MoA experts do not have; "
                          "rank MoA experts with michel, magnitude or random")
-    totals = {(kind, layer): torch.zeros(m.num_heads, dtype=torch.float64) for kind, layer, m in modules}
-    counts = {(kind, layer): 0 for kind, layer, _ in modules}
+    totals = {(attn_type, layer): torch.zeros(m.num_heads, dtype=torch.float64) for attn_type, layer, m in modules}
+    counts = {(attn_type, layer): 0 for attn_type, layer, _ in modules}
     model.record_heads(weights=True)
     try:
         for sample in batches:
             model(**sample["net_input"])
             source, decoder_in = sample["net_input"]["src_tokens"], sample["net_input"]["prev_output_tokens"]
             real = _non_pad(sample, pad)
-            for kind, layer, m in modules:
+            for attn_type, layer, m in modules:
                 if m.head_weights is None:
                     continue
-                keys = decoder_in if kind == "dec-self" else source
+                keys = decoder_in if attn_type == "dec-self" else source
                 key_ok = keys.ne(pad) & keys.ne(eos)  # (batch, src_len)
                 reachable = key_ok.unsqueeze(1)  # (batch, 1 or tgt_len, src_len)
-                if kind == "dec-self":
+                if attn_type == "dec-self":
                     causal = torch.ones(keys.size(1), keys.size(1), dtype=torch.bool, device=keys.device).tril()
                     reachable = reachable & causal
-                query_ok = real[kind] & reachable.any(-1)
+                query_ok = real[attn_type] & reachable.any(-1)
                 best = m.head_weights.float().masked_fill(~key_ok[:, None, None, :], 0.0).amax(-1)
-                totals[(kind, layer)] += (best * query_ok.unsqueeze(1)).sum((0, 2)).double().cpu()
-                counts[(kind, layer)] += int(query_ok.sum())
+                totals[(attn_type, layer)] += (best * query_ok.unsqueeze(1)).sum((0, 2)).double().cpu()
+                counts[(attn_type, layer)] += int(query_ok.sum())
     finally:
         model.record_heads()
     return _table(model, {key: total / max(counts[key], 1) for key, total in totals.items()})
@@ -165,10 +166,10 @@ def confidence(model, batches: Iterable[dict], pad: int, eos: int) -> pd.DataFra
 @torch.no_grad()
 def magnitude(model) -> pd.DataFrame:
     values = {}
-    experts = {(kind, layer) for kind, layer, _ in moa_layers(model)}
-    for kind, layer, m in model.attention_modules():
-        if (kind, layer) in experts:  # Σ|W_q^e| + Σ|W_o^e| (the shared K/V belong to no expert)
-            values[(kind, layer)] = (m.q_experts.abs().double().sum((1, 2))
+    experts = {(attn_type, layer) for attn_type, layer, _ in moa_layers(model)}
+    for attn_type, layer, m in model.attention_modules():
+        if (attn_type, layer) in experts:  # Σ|W_q^e| + Σ|W_o^e| (the shared K/V belong to no expert)
+            values[(attn_type, layer)] = (m.q_experts.abs().double().sum((1, 2))
                                      + m.o_experts.abs().double().sum((1, 2))).cpu()
             continue
         per_head = torch.zeros(m.num_heads, dtype=torch.float64)
@@ -176,7 +177,7 @@ def magnitude(model) -> pd.DataFrame:
             per_head += proj.weight.abs().double().sum(1).view(m.num_heads, m.head_dim).sum(1).cpu()
             if proj.bias is not None:
                 per_head += proj.bias.abs().double().view(m.num_heads, m.head_dim).sum(1).cpu()
-        values[(kind, layer)] = per_head
+        values[(attn_type, layer)] = per_head
     return _table(model, values)
 
 
@@ -185,8 +186,8 @@ def random(model, seed: int) -> pd.DataFrame:
     heads were removed."""
     generator = torch.Generator().manual_seed(seed)
     values = {}
-    for kind, layer, m in model.attention_modules():
-        values[(kind, layer)] = torch.rand(m.total_heads, generator=generator, dtype=torch.float64)[m.head_ids]
+    for attn_type, layer, m in model.attention_modules():
+        values[(attn_type, layer)] = torch.rand(m.total_heads, generator=generator, dtype=torch.float64)[m.head_ids]
     return _table(model, values)
 
 

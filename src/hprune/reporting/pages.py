@@ -55,8 +55,8 @@ def _table_html(table: pd.DataFrame) -> str:
     for row in cells(table, ".2f"):
         tds = []
         for text, is_number in zip(row, numeric):
-            kind = "sig" if text.endswith("*") else "num" if is_number else ""
-            tds.append(f'<td class="{kind}">{html.escape(text)}</td>' if kind else f"<td>{html.escape(text)}</td>")
+            css_class = "sig" if text.endswith("*") else "num" if is_number else ""
+            tds.append(f'<td class="{css_class}">{html.escape(text)}</td>' if css_class else f"<td>{html.escape(text)}</td>")
         rows.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 

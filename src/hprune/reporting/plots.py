@@ -75,12 +75,12 @@ def head_heatmaps(table: pd.DataFrame, value: str, path: Path | list[Path], titl
     fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds) + 1, 3.2), squeeze=False,
                              constrained_layout=True)
     vmin, vmax = table[value].min(), table[value].max()
-    for ax, kind in zip(axes[0], kinds):
-        rows = table[table["type"] == kind]
+    for ax, attn_type in zip(axes[0], kinds):
+        rows = table[table["type"] == attn_type]
         grid = np.full((int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1), np.nan)
         grid[rows["layer"].to_numpy(int), rows["head"].to_numpy(int)] = rows[value].to_numpy(float)
         image = ax.imshow(grid, cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
-        ax.set_title(kind)
+        ax.set_title(attn_type)
         ax.set_xlabel("head")
         ax.set_xticks(range(grid.shape[1]))
         ax.set_yticks(range(grid.shape[0]))

@@ -130,8 +130,8 @@ def _knob_plots(report: Report, trained: pd.DataFrame, runs: pd.DataFrame) -> No
 
 def _mask_table(mask_file: Path) -> pd.DataFrame:
     mask = json.loads(mask_file.read_text())
-    return pd.DataFrame([{"type": kind, "layer": layer, "head": head, "alive": alive}
-                         for kind, rows in mask.items() for layer, row in enumerate(rows)
+    return pd.DataFrame([{"type": attn_type, "layer": layer, "head": head, "alive": alive}
+                         for attn_type, rows in mask.items() for layer, row in enumerate(rows)
                          for head, alive in enumerate(row)])
 
 
@@ -163,11 +163,11 @@ def _attention_figures(report: Report, runs: pd.DataFrame) -> None:
         files = sorted((Path(run.path) / "attention").glob("*.npz"), key=lambda p: int(p.stem))
         for path in files[:report.cfg.attention_sentences]:
             maps = np.load(path)
-            for kind, key in ((kind, kind.replace("-", "_")) for kind in ATTENTION_TYPES):
+            for attn_type, key in ((attn_type, attn_type.replace("-", "_")) for attn_type in ATTENTION_TYPES):
                 if key not in maps:
                     continue
                 rows, columns = (maps[name].tolist() for name in axes[key])
-                title = f"{kind} attention, sentence {path.stem}: {run.run}"
+                title = f"{attn_type} attention, sentence {path.stem}: {run.run}"
                 report.figure(f"{_slug(run.run)}_attention_{path.stem}_{key}", title,
                               lambda paths: plots.attention_grid(maps[key], rows, columns, paths, title))
 

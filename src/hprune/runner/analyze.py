@@ -42,7 +42,7 @@ def read_alignments(cfg: DictConfig, session) -> tuple:
     their file, their source)."""
     if cfg.alignments == "eflomal":
         return (*eflomal_reference(cfg, session), "eflomal")
-    path = Path(cfg.alignments) if cfg.alignments else session.data_bin.parent / "raw" / f"{cfg.split}.align"
+    path = Path(cfg.alignments) if cfg.alignments else session.raw_file(f"{cfg.split}.align")
     if cfg.alignments and not path.exists():
         raise UserError(f"alignments file {path} does not exist; pass alignments=<Pharaoh file: i-j links, one line "
                         f"a sentence of {cfg.split}> or alignments=eflomal")
@@ -72,7 +72,7 @@ def analyze(cfg: DictConfig) -> dict:
     model = session.model
     # gold arcs: arcs=FILE, else the data set's own (the synthetic task has them); without any, syntactic roles
     # are not measured (a WMT test set has no parses) and say so
-    arcs_path = Path(cfg.arcs) if cfg.arcs else session.data_bin.parent / "raw" / f"{cfg.split}.arcs.jsonl"
+    arcs_path = Path(cfg.arcs) if cfg.arcs else session.raw_file(f"{cfg.split}.arcs.jsonl")
     arcs = read_arcs(arcs_path) if cfg.arcs or arcs_path.exists() else None
     alignments, alignments_path, alignments_source = read_alignments(cfg, session)
     mask = session.read_mask(cfg.mask) if cfg.mask else None
@@ -93,7 +93,7 @@ def analyze(cfg: DictConfig) -> dict:
 
     out = run_dir()
     write_atomic(out / "head_roles.csv", roles.to_csv(index=False))
-    by_type = {kind: roles[roles["type"] == kind] for kind in KEYS}
+    by_type = {attn_type: roles[roles["type"] == attn_type] for attn_type in KEYS}
     for measure, kinds in (("confidence", KEYS), *((("lrp", KEYS),) if cfg.lrp else ()),
                            ("positional_prev", ("enc-self", "dec-self")), ("positional_next", ("enc-self",)),
                            ("rare_token", ("enc-self",)), ("alignment_aer", ("dec-enc",))):
@@ -108,11 +108,11 @@ def analyze(cfg: DictConfig) -> dict:
                     "rare_min_share": cfg.rare_min_share, "alignment_max_aer": cfg.alignment_max_aer,
                     "attention_maps": dumped, **session.provenance()})
     if mask is not None:
-        for kind, role in MEASURED:
-            if metrics[f"{key_of(kind, role)}_heads"] is not None:
-                heads = by_type[kind][by_type[kind][role].fillna(False).astype(bool)]
-                metrics[f"{key_of(kind, role)}_heads_alive"] = int(heads["alive"].sum())
-                lines.append(f"{kind} {role}: {int(heads['alive'].sum())} of {len(heads)} survived the mask")
+        for attn_type, role in MEASURED:
+            if metrics[f"{key_of(attn_type, role)}_heads"] is not None:
+                heads = by_type[attn_type][by_type[attn_type][role].fillna(False).astype(bool)]
+                metrics[f"{key_of(attn_type, role)}_heads_alive"] = int(heads["alive"].sum())
+                lines.append(f"{attn_type} {role}: {int(heads['alive'].sum())} of {len(heads)} survived the mask")
         enc = by_type["enc-self"]
         measured = [role for role in ENCODER_ROLES if role in enc and enc[role].notna().any()]
         if measured:

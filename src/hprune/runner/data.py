@@ -12,6 +12,7 @@ from ..data.prepare import bind, prepare
 from ..data.published import PUBLISHED, fetch_published
 from ..errors import UserError
 from ..hub import fetch_hub
+from ..model_folder import HF_FAMILIES
 from . import hydra_app
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def data(cfg: DictConfig) -> dict:
     if cfg.action == "fetch":
         if not cfg.published:
             raise UserError(f"hprune data fetch needs published=NAME, one of: {', '.join(PUBLISHED)}; or hf=ORG/NAME "
-                            "(a Hugging Face Hub FSMT or Marian model)")
+                            f"(a Hugging Face Hub model: {', '.join(f.model_class for f in HF_FAMILIES.values())})")
         folder = fetch_published(cfg.published, Path(cfg.paths.models_root), Path(cfg.paths.data_root) / "downloads",
                                  cfg.mirror)
         print(f"{cfg.published}: {folder}")

@@ -12,19 +12,21 @@ from . import hydra_app
 
 
 def evaluate(cfg: DictConfig) -> dict:
+    from ..evaluation import Evaluator
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
     session = Session.open(cfg)
+    evaluator = Evaluator.of(session, cfg)
     # None: no mask at all (no multiply by ones); values between 0 and 1 scale their heads' outputs
     mask = session.read_mask(cfg.mask, soft=True) if cfg.mask else None
     out = run_dir()
     with session.masked(mask):
-        result, quality = session.translate()
-        costs, expert_load = session.costs(cfg.split)
+        result, quality = evaluator.translate()
+        costs, expert_load = evaluator.costs()
     if not expert_load.empty:
         write_atomic(out / "expert_load.csv", expert_load.to_csv(index=False))
     metrics = {
-        "split": cfg.split, "test_set": session.test_set(cfg.split), **quality,
+        "split": cfg.split, "test_set": session.test_set(cfg.split), **quality.columns(),
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen, **costs, **kept_columns(mask or session.unpruned_mask()),
         "mask": cfg.mask, "mask_soft": mask is not None and is_soft(mask), "sentences": result.sentences,
         "sentences_per_s": round(result.sentences / result.seconds, 2),

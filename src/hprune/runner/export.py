@@ -12,15 +12,16 @@ from . import hydra_app
 
 
 def export(cfg: DictConfig) -> dict:
+    from ..evaluation import Evaluator
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
-    exporter = get_exporter(cfg.format)
+    exporter = get_exporter(cfg.format, cfg.get("format_module"))
     if exporter.check is not None:
         exporter.check(cfg)
     session = Session.open(cfg)
     mask = session.fold_mechanisms(session.read_mask(cfg.mask) if cfg.mask else None) or session.unpruned_mask()
     metrics = {"format": cfg.format, "mask": cfg.mask, **kept_columns(mask), **session.provenance()}
-    metrics.update(exporter.export(session, mask, run_dir(), cfg))
+    metrics.update(exporter.export(Evaluator.of(session, cfg), mask, run_dir(), cfg))
     return metrics
 
 

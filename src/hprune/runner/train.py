@@ -21,7 +21,7 @@ def heads_per_layer(cfg: DictConfig) -> dict:
     layout = backend.head_layout(cfg.model)
     if not cfg.head_mask:
         return layout
-    return {kind: [sum(row) for row in rows] for kind, rows in read_mask(cfg.head_mask, layout, "head_mask").items()}
+    return {attn_type: [sum(row) for row in rows] for attn_type, rows in read_mask(cfg.head_mask, layout, "head_mask").items()}
 
 
 def train(cfg: DictConfig) -> dict:

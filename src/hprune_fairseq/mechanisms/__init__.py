@@ -77,7 +77,7 @@ def present(model) -> List[Mechanism]:
 
 def gated_modules(model) -> Iterator[tuple]:
     """(type, layer, module) of every attention module with a gate, whatever mechanism put it there."""
-    return ((kind, layer, m) for kind, layer, m in model.attention_modules() if m.gate is not None)
+    return ((attn_type, layer, m) for attn_type, layer, m in model.attention_modules() if m.gate is not None)
 
 
 from . import gates, subset  # noqa: E402,F401  (hprune's own mechanisms register themselves)

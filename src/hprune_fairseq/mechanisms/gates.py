@@ -132,8 +132,8 @@ class HardConcreteGates(Mechanism):
                                                    settings.l0_budget_warmup) < 0:
             raise ValueError(f"l0_budget={settings.l0_budget}, its gain and its warm-up must be >= 0")
         types = check_attention_types(settings.head_gates.split(","), "--head-gates", "enc-self")
-        for kind, _, module in model.attention_modules():
-            if kind in types:
+        for attn_type, _, module in model.attention_modules():
+            if attn_type in types:
                 add_gate(module, settings.gate_log_alpha_init)
         model.gate_settings = settings
         # the head-budget controller's state: the updates taken and the heads kept at the start; integers, so
@@ -188,7 +188,7 @@ def add_gate(module, init: Optional[float] = None) -> None:
 
 def gated_heads(model):
     """(type, layer, module) of the attention modules with Hard Concrete gates."""
-    return ((kind, layer, m) for kind, layer, m in model.attention_modules() if isinstance(m.gate, HardConcreteGate))
+    return ((attn_type, layer, m) for attn_type, layer, m in model.attention_modules() if isinstance(m.gate, HardConcreteGate))
 
 
 def gate_open_probabilities(model) -> Tuple[Tensor, Tensor, int]:

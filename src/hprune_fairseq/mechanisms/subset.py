@@ -177,7 +177,7 @@ class SubsetSelection(Mechanism):
         initial, final = (float(t) for t in temperature.split(",")) if temperature else TEMPERATURE
         types = check_attention_types((getattr(args, "dsp_types", None) or ",".join(ATTENTION_TYPES)).split(","),
                                       "--dsp-types", "enc-self")
-        modules = [m for kind, _, m in model.attention_modules() if kind in types]
+        modules = [m for attn_type, _, m in model.attention_modules() if attn_type in types]
         sizes = [m.num_heads for m in modules]
         bound = math.sqrt(6.0 / (len(modules) + max(sizes)))
         model.head_selector = SubsetSelector(sum(sizes), args.dsp_heads, (initial, final),
