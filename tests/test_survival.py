@@ -1,11 +1,13 @@
 """The role-survival test (Voita et al.'s finding) on constructed masks: exact p-values by hand."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from hprune.analysis.survival import permutation_p, pooled_survival_test, role_survival_test, survival
+from hprune.analysis.survival import permutation_p, pooled_survival_test, role_survival_test, survival, sweep_masks
 
 
 def roles_of(flags):
@@ -64,3 +66,15 @@ def test_pooled_test_permutes_within_each_model():
     assert (found["mean_open_role"], found["mean_open_other"], found["difference"]) == (2.0, 1.0, 1.0)
     assert found["p_value"] == pytest.approx(0.25, abs=0.015)
     assert pooled_survival_test([study([0, 1], [False, False])], ["positional"])["p_value"] is None
+
+
+def test_a_sweeps_masks_are_read_by_lambda_unfinished_jobs_left_out(tmp_path):
+    for job, lam in enumerate((0.0, 2.0, 1.0, 4.0)):
+        run = tmp_path / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "config.yaml").write_text("verb: prune\n")
+        (run / "head_mask.json").write_text(json.dumps({"enc-self": [[1, job % 2]]}))
+        if job != 3:  # the last job did not finish
+            (run / "metrics.json").write_text(json.dumps({"l0_lambda": lam}))
+    masks = sweep_masks(tmp_path)
+    assert masks == {0.0: {"enc-self": [[1, 0]]}, 2.0: {"enc-self": [[1, 1]]}, 1.0: {"enc-self": [[1, 0]]}}

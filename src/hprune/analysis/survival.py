@@ -27,7 +27,7 @@ EXACT_LIMIT = 200_000
 
 def sweep_masks(sweep_dir: Path) -> Dict[float, dict]:
     """{λ: head mask} of the finished Voita runs of a sweep (its job folders)."""
-    runs = sorted(run for run in RunDir.under(sweep_dir) if run.path != Path(sweep_dir) and run.finished)
+    runs = [run for run in RunDir.under(sweep_dir) if run.path != Path(sweep_dir) and run.finished]
     return {run.metrics()["l0_lambda"]: json.loads(run.head_mask.read_text()) for run in runs}
 
 
