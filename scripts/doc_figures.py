@@ -201,7 +201,7 @@ BLOCKS = {
 }
 PAGES = ("README.md", "docs/outputs.md", "docs/methods.md")
 IMAGES = {"docs/demo_bleu_vs_pruned.png": "demo/report/plots/bleu_vs_pruned_demo_enc_self_dec_self_dec_enc.png",
-          "docs/demo_lambda.png": "demo/report/plots/lambda_enc_self.png"}  # copied by a write, not checked
+          "docs/demo_lambda.png": "demo/report/plots/voita_l0_lambda_enc_self.png"}  # copied by a write, not checked
 SECTION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 
 
