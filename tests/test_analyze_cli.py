@@ -167,6 +167,27 @@ def test_alignments_bad_input(trained_run, tmp_path):
     assert not (tmp_path / "run" / "head_roles.csv").exists()
 
 
+def sure_links_aer(found, gold) -> float:
+    counts = np.zeros(4)  # |A|, |A ∩ S|, |A ∩ P|, |S|: the found sure links scored against the gold ones
+    for (sure, _), (gold_sure, gold_possible) in zip(found, gold):
+        counts += (len(sure), len(sure & gold_sure), len(sure & gold_possible), len(gold_sure))
+    return 1 - (counts[1] + counts[2]) / (counts[0] + counts[3])
+
+
+def test_eflomal_beside_the_heads_is_scored_against_the_same_reference(trained_run, tmp_path):
+    """aligner_baseline=eflomal: the heads are scored against the data set's gold alignments, and so is eflomal,
+    its AER in metrics.json equal to the one counted here from the links it wrote."""
+    pytest.importorskip("eflomal")
+    out = tmp_path / "run"
+    hprune("analyze", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu", "lrp=false",
+           "aligner_baseline=eflomal")
+    metrics = json.loads((out / "metrics.json").read_text())
+    gold = read_pharaoh(Path(metrics["data_bin"]).parent / "raw" / "valid.align")
+    assert metrics["alignments_source"] == "data set" and metrics["eflomal_alignments"] == str(out / "eflomal.align")
+    assert metrics["eflomal_aer"] == pytest.approx(sure_links_aer(read_pharaoh(out / "eflomal.align"), gold), abs=1e-4)
+    assert metrics["eflomal_aer"] < 0.2 and "eflomal on the same sentences" in (out / "summary.txt").read_text()
+
+
 def test_eflomal_reference_alignments_agree_with_the_gold_ones(trained_run, tmp_path):
     """alignments=eflomal: the aligner run on the split (with the training sentences), its links written to the
     run dir and used as the reference; against the generator's gold alignments, a second source of truth, its
@@ -180,9 +201,6 @@ def test_eflomal_reference_alignments_agree_with_the_gold_ones(trained_run, tmp_
     found = read_pharaoh(out / "reference.align")
     gold = read_pharaoh(Path(metrics["data_bin"]).parent / "raw" / "valid.align")  # the generator's
     assert len(found) == len(gold) == 100
-    counts = np.zeros(4)  # |A|, |A ∩ S|, |A ∩ P|, |S|: eflomal's sure links scored against the gold ones
-    for (sure, _), (gold_sure, gold_possible) in zip(found, gold):
-        counts += (len(sure), len(sure & gold_sure), len(sure & gold_possible), len(gold_sure))
-    assert 1 - (counts[1] + counts[2]) / (counts[0] + counts[3]) < 0.2
+    assert sure_links_aer(found, gold) < 0.2
     roles = pd.read_csv(out / "head_roles.csv")
     assert roles[roles["type"] == "dec-enc"]["alignment_aer"].between(0, 1).all()

@@ -38,7 +38,7 @@ def test_help_lists_verbs_quickly():
 def test_verb_help_is_hydras():
     proc = hprune("train", "--help")
     assert ("model: moa_8k16e128d, moa_8k32e128d, moa_base, moa_big, moa_tiny, transformer_base, transformer_big, "
-            "transformer_tiny") in proc.stdout
+            "transformer_iwslt_de_en, transformer_small, transformer_tiny") in proc.stdout
     proc = hprune("train", "--cfg", "job", "model=transformer_base")
     assert "encoder_embed_dim: 512" in proc.stdout
 
@@ -53,7 +53,8 @@ def test_report_without_folders():
 
 def test_unknown_group_option_lists_valid_ones():
     assert_one_line_error(hprune("train", "model=transformer_huge", check=False, subprocess=True),
-                          "unknown model 'transformer_huge'", "transformer_base, transformer_big, transformer_tiny")
+                          "unknown model 'transformer_huge'",
+                          "transformer_base, transformer_big, transformer_iwslt_de_en, transformer_small, transformer_tiny")
     assert_one_line_error(hprune("train", "-m", "model=transformer_tiny,nope", check=False), "unknown model 'nope'")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hprune.data.text import fastbpe_codes_to_subword_nmt, line_function
+from hprune.data.processing import fastbpe_codes_to_subword_nmt, line_function
 from hprune.errors import UserError
 
 # fastBPE's format: `left right count`, in merge order; the last character of a word carries </w>

@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import hprune
-from hprune.data import download, text, wmt
+from hprune.data import download, processing, wmt
 from hprune.data.corpora import BadLines, read_pairs
 from hprune.errors import UserError
 from wmt_fixtures import TEST_PAIRS, FixtureServer, gz, seed_sacrebleu, sha256, source_overrides, tgz, wmt14_en_de_archives
@@ -108,12 +108,12 @@ def test_members_of_unequal_length_are_refused(tmp_path):
 
 # --------------------------------------------------------------------------------------------- text
 def test_moses_tokenization_and_bpe_as_the_recipes():
-    moses = text.line_function("moses", "en")
+    moses = processing.line_function("moses", "en")
     assert moses("\u201cIt's well-known,\u201d she said.") == '&quot; It &apos;s well @-@ known , &quot; she said .'
-    assert text.keep_pair("a b", "c d e", 1, 250, 1.5)
-    assert not text.keep_pair("a", "b c", 1, 250, 1.5)        # ratio 2 > 1.5
-    assert not text.keep_pair("a " * 251, "b " * 251, 1, 250, 1.5)
-    assert not text.keep_pair("", "b", 1, 250, 1.5)
+    assert processing.keep_pair("a b", "c d e", 1, 250, 1.5)
+    assert not processing.keep_pair("a", "b c", 1, 250, 1.5)        # ratio 2 > 1.5
+    assert not processing.keep_pair("a " * 251, "b " * 251, 1, 250, 1.5)
+    assert not processing.keep_pair("", "b", 1, 250, 1.5)
 
 
 def test_disk_full_in_a_stage_leaves_nothing_behind(tmp_path):
@@ -228,8 +228,8 @@ def test_sentencepiece_option_learns_and_segments_losslessly(tmp_path):
     lines = [s for pair in corpus(400, seed=5) for s in pair]
     train = tmp_path / "train.txt"
     train.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    text.learn_sentencepiece([train], tmp_path / "spm", 120)
-    assert text.map_file("sentencepiece", str(tmp_path / "spm.model"), train, tmp_path / "out.txt") == len(lines)
+    processing.learn_sentencepiece([train], tmp_path / "spm", 120)
+    assert processing.map_file("sentencepiece", str(tmp_path / "spm.model"), train, tmp_path / "out.txt") == len(lines)
     pieces = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
     assert all(" " in p for p in pieces[:10])  # sentences are split into pieces
     # fairseq's --post-process sentencepiece: join the pieces, "▁" back to spaces

@@ -21,7 +21,7 @@ from common import BIN, run
 os.environ.setdefault("TQDM_DISABLE", "1")  # subword-nmt's progress bar
 
 from hprune import backend
-from hprune.data.text import learn_subword_nmt, map_file
+from hprune.data.processing import learn_subword_nmt, map_file
 
 SUFFIXES = ["en", "ung", "er", "lich", "keit", "s", "ed", "ing", "ation", "e"]
 

@@ -56,6 +56,15 @@ def aer(links: Links, sure: Links, possible: Links) -> float:
     return 1 - (len(links & sure) + len(links & possible)) / (len(links) + len(sure))
 
 
+def corpus_aer(predicted: Sequence[Links], reference: Sequence[Tuple[Links, Links]]) -> float:
+    """The AER of alignments of a corpus against reference (sure, possible) links, the counts summed first."""
+    counts = np.zeros(4)
+    for links, (sure, possible) in zip(predicted, reference):
+        counts += (len(links), len(links & sure), len(links & possible), len(sure))
+    a, a_sure, a_possible, sure = counts
+    return float(1 - (a_sure + a_possible) / max(a + sure, 1))
+
+
 def word_ids(pieces: Sequence[str], post_process: Optional[str]) -> List[int]:
     """Each piece's word index: BPE pieces continue their word after `@@`, sentencepiece pieces start one at
     `▁`; without subwords every token is a word."""

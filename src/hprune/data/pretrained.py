@@ -27,7 +27,7 @@ from ..files import write_json
 from ..model_folder import SETTINGS_FILE, read_settings
 from . import testsets
 from .kinds import DataKind, register_kind
-from .text import fastbpe_codes_to_subword_nmt, line_function
+from .processing import fastbpe_codes_to_subword_nmt, line_function
 
 log = logging.getLogger(__name__)
 CODES_FILES = ("bpecodes", "code", "codes")

@@ -1,140 +1,258 @@
-"""Text processing of fairseq's WMT recipes, in Python: Moses punctuation normalisation and tokenization
-(sacremoses, `tokenizer.perl -a`), joint BPE (subword-nmt, or sentencepiece), and `clean-corpus-n.perl`.
+"""Your own parallel text (data=text): files per language or one tab-separated file for train, valid and test,
+prepared as fairseq's recipes prepare WMT (data/stages.py's chain: tokenize, joint BPE or sentencepiece,
+clean-corpus-n on train and valid, binarize), the test set's target side kept as it is for BLEU.
 
-Files are processed in chunks by a pool of worker processes; output order is input order.
+A split is given one of three ways (configs/data/text.yaml):
+
+    data.train=corpus/train                  a prefix, as fairseq-preprocess's --trainpref: train.<src>, train.<tgt>
+    data.train=corpus/train.tsv              one file, source<TAB>target a line
+    data.train='{src: a.txt, tgt: b.txt}'    two files named
+
+Bad input is one line each, before anything is kept: a missing file, sides of unequal length (both files and
+their counts), an empty or non-UTF-8 line (the file and line; data.on_bad_lines=skip drops such pairs and counts
+them), a test set without its references.
 """
 from __future__ import annotations
 
-import itertools
-import multiprocessing
+import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
-CHUNK_LINES = 2000
-_worker: Optional[Callable[[str], str]] = None  # the per-process line function, built once by _init
+from omegaconf import DictConfig, OmegaConf
 
+from ..errors import UserError
+from ..files import write_json
+from .kinds import DataKind, register_kind
+from .stages import (
+    binarize_into,
+    check_processing,
+    clean_splits,
+    config_key,
+    count_lines,
+    file_identity,
+    learn_bpe,
+    map_files,
+    run_stage,
+    stage_info,
+    subword_files,
+    subword_model,
+)
 
-def _moses(lang: str) -> Callable[[str], str]:
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    # normalize-punctuation.perl + remove-non-printing-char.perl, then tokenizer.perl -a (escaping as Moses does)
-    normalizer = MosesPunctNormalizer(lang=lang, pre_replace_unicode_punct=True, post_remove_control_chars=True)
-    tokenizer = MosesTokenizer(lang=lang)
-    return lambda line: tokenizer.tokenize(normalizer.normalize(line), aggressive_dash_splits=True,
-                                           return_str=True, escape=True)
-
-
-def _normalize_only(lang: str) -> Callable[[str], str]:
-    from sacremoses import MosesPunctNormalizer
-
-    normalizer = MosesPunctNormalizer(lang=lang, pre_replace_unicode_punct=True, post_remove_control_chars=True)
-    return lambda line: " ".join(normalizer.normalize(line).split())
-
-
-def _subword_nmt(codes: str) -> Callable[[str], str]:
-    from subword_nmt.apply_bpe import BPE
-
-    with open(codes, encoding="utf-8") as f:
-        bpe = BPE(f)
-    return lambda line: bpe.segment(line.strip())
+log = logging.getLogger(__name__)
+TOKENIZERS = ("moses", None, "none")
+FORMS = "a prefix (PREFIX.<src_lang> and PREFIX.<tgt_lang>), a .tsv file (source<TAB>target) or {src: FILE, tgt: FILE}"
 
 
-def fastbpe_codes_to_subword_nmt(src: Path, dest: Path) -> Path:
-    """fastBPE's codes (WMT19 models: `left right count` a line, in merge order; the last character of a word
-    carries `</w>`) as subword-nmt codes (version 0.2: the same merges and end-of-word convention, without the
-    counts, under a `#version: 0.2` header), which subword-nmt then applies as fastBPE would (fastBPE does not
-    build on Python 3.11). Codes already in subword-nmt's format are copied as they are."""
-    from ..errors import UserError
-    from ..files import write_atomic
+@dataclass(frozen=True)
+class SplitFiles:
+    """Where one split's text is: two line-parallel files, or one tab-separated file (target None)."""
+    setting: str
+    source: Path
+    target: Optional[Path] = None
 
-    lines = Path(src).read_text(encoding="utf-8").splitlines()
-    if lines and lines[0].startswith("#version"):
-        return write_atomic(dest, "\n".join(lines) + "\n")
-    merges = []
-    for number, line in enumerate(lines, 1):
-        fields = line.split(" ")
-        if len(fields) != 3 or not fields[2].isdigit() or not fields[0] or not fields[1]:
-            raise UserError(f"{src}:{number} is not a fastBPE merge ('left right count'): {line[:60]!r}; "
-                            "pass the model's own bpecodes")
-        merges.append(f"{fields[0]} {fields[1]}")
-    return write_atomic(dest, "#version: 0.2\n" + "".join(m + "\n" for m in merges))
+    @property
+    def files(self) -> list[Path]:
+        return [self.source] + ([self.target] if self.target else [])
 
 
-def _sentencepiece(model: str) -> Callable[[str], str]:
-    import sentencepiece
-
-    processor = sentencepiece.SentencePieceProcessor(model_file=model)
-    return lambda line: " ".join(processor.encode(line.strip(), out_type=str))
+def _path(value) -> Path:
+    return Path(str(value)).expanduser().absolute()
 
 
-FUNCTIONS = {"moses": _moses, "normalize": _normalize_only, "subword_nmt": _subword_nmt,
-             "sentencepiece": _sentencepiece}
+def split_files(data: DictConfig, split: str) -> Optional[SplitFiles]:
+    """The files of data.<split> (None where the split is not given)."""
+    setting = f"data.{split}"
+    if split in data and OmegaConf.is_missing(data, split):
+        raise UserError(f"data=text needs {setting}: {FORMS}")
+    given = data.get(split)
+    if given is None:
+        return None
+    if OmegaConf.is_dict(given):
+        unknown = set(given) - {"src", "tgt"}
+        if unknown or "src" not in given:
+            raise UserError(f"{setting} names its files as {{src: FILE, tgt: FILE}}, not {sorted(given)}")
+        found = SplitFiles(setting, _path(given.src), _path(given.tgt) if given.get("tgt") else None)
+        if found.target is None:
+            raise UserError(f"{setting} has no tgt file; give {{src: FILE, tgt: FILE}}")
+    else:
+        path = _path(given)
+        found = SplitFiles(setting, path) if path.is_file() else \
+            SplitFiles(setting, Path(f"{path}.{data.src_lang}"), Path(f"{path}.{data.tgt_lang}"))
+    missing = [path for path in found.files if not path.is_file()]
+    if missing == [found.target] and split == "test":
+        raise UserError(f"{setting}: the references {found.target} do not exist; a test set needs its target side "
+                        "for BLEU (translate text without references with `hprune eval input=FILE`)")
+    if missing:
+        raise UserError(f"{setting}: {' and '.join(str(p) for p in missing)} "
+                        f"{'does' if len(missing) == 1 else 'do'} not exist; give {FORMS}")
+    return found
 
 
-def line_function(step: str, arg: str) -> Callable[[str], str]:
-    return FUNCTIONS[step](arg)
+def check(data: DictConfig) -> None:
+    for lang in ("src_lang", "tgt_lang"):
+        if not data.get(lang):
+            raise UserError(f"data=text needs data.{lang}=<language code> (as the file names use it, e.g. de)")
+    check_processing(data, TOKENIZERS)
+    if data.on_bad_lines not in ("fail", "skip"):
+        raise UserError(f"data.on_bad_lines must be fail or skip, not '{data.on_bad_lines}'")
+    if int(data.valid_every) < 2:
+        raise UserError(f"data.valid_every must be 2 or more (every N-th training pair is held out), not {data.valid_every}")
+    for split in ("train", "valid", "test"):
+        split_files(data, split)
 
 
-def _init(step: str, arg: str) -> None:
-    global _worker
-    _worker = line_function(step, arg)
+def key(data: DictConfig) -> str:
+    files = {split: [file_identity(p) for p in found.files]
+             for split in ("train", "valid", "test") if (found := split_files(data, split))}
+    return config_key(data, files)
 
 
-def _run_chunk(lines: list[str]) -> list[str]:
-    return [_worker(line) for line in lines]
+# ------------------------------------------------------------------------------------------- reading
+class LineCheck:
+    """Empty and non-UTF-8 lines: `fail` stops at the first with its file and line, `skip` drops the pair and
+    counts it."""
+
+    def __init__(self, policy: str):
+        self.policy, self.count, self.first = policy, 0, []
+
+    def bad(self, where: str, line_no: int, why: str) -> None:
+        if self.policy == "fail":
+            raise UserError(f"{where} line {line_no} {why}; fix the file or set data.on_bad_lines=skip to drop such "
+                            "sentence pairs")
+        self.count += 1
+        if len(self.first) < 5:
+            self.first.append(f"{where}:{line_no} ({why})")
+
+    def text(self, raw: bytes, where: str, line_no: int) -> Optional[str]:
+        try:
+            text = " ".join(raw.decode("utf-8").split())  # one line per sentence, whatever whitespace it had
+        except UnicodeDecodeError as err:
+            self.bad(where, line_no, f"is not UTF-8 ({err.reason} at byte {err.start})")
+            return None
+        if not text:
+            self.bad(where, line_no, "is empty")
+            return None
+        return text
 
 
-def _chunks(lines: Iterable[str]) -> Iterator[list[str]]:
-    it = iter(lines)
-    while chunk := list(itertools.islice(it, CHUNK_LINES)):
-        yield chunk
+def read_pairs(found: SplitFiles, lines: LineCheck) -> Iterator[tuple[str, str]]:
+    """The (source, target) pairs of one split, both sides checked."""
+    if found.target is None:
+        with open(found.source, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                cells = raw.rstrip(b"\r\n").split(b"\t")
+                if len(cells) != 2:
+                    lines.bad(str(found.source), line_no, f"has {len(cells)} tab-separated columns, not 2 "
+                              "(source<TAB>target)")
+                    continue
+                pair = [lines.text(cell, str(found.source), line_no) for cell in cells]
+                if None not in pair:
+                    yield pair[0], pair[1]
+        return
+    counts = [count_lines(path) for path in found.files]
+    if counts[0] != counts[1]:
+        raise UserError(f"{found.setting}: {found.source} has {counts[0]} lines and {found.target} {counts[1]}; "
+                        "the two sides must be line-parallel")
+    with open(found.source, "rb") as fs, open(found.target, "rb") as ft:
+        for line_no, (raw_s, raw_t) in enumerate(zip(fs, ft), start=1):
+            s, t = lines.text(raw_s, str(found.source), line_no), lines.text(raw_t, str(found.target), line_no)
+            if s is not None and t is not None:
+                yield s, t
 
 
-def map_file(step: str, arg: str, src: Path, dest: Path, workers: int = 1) -> int:
-    """Write `line_function(step, arg)` of every line of src to dest; returns the number of lines."""
-    n = 0
-    with open(src, encoding="utf-8") as fin, open(dest, "w", encoding="utf-8") as fout:
-        lines = (line.rstrip("\n") for line in fin)
-        if workers <= 1:
-            fn = line_function(step, arg)
-            results: Iterable[list[str]] = ([fn(line) for line in chunk] for chunk in _chunks(lines))
-            for chunk in results:
-                fout.writelines(out + "\n" for out in chunk)
-                n += len(chunk)
-            return n
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_init, initargs=(step, arg)) as pool:
-            for chunk in pool.imap(_run_chunk, _chunks(lines)):
-                fout.writelines(out + "\n" for out in chunk)
-                n += len(chunk)
-    return n
-
-
-def learn_subword_nmt(files: list[Path], codes: Path, merges: int) -> None:
-    """Joint BPE over all files (the recipes' `cat train.src train.tgt | learn_bpe.py -s 40000`)."""
-    from subword_nmt.learn_bpe import learn_bpe
-
-    handles = [open(f, encoding="utf-8") for f in files]
+def _read(data: DictConfig, out: Path) -> dict:
+    """train, valid (given, or every valid_every-th training pair) and test as text, checked."""
+    src, tgt = data.src_lang, data.tgt_lang
+    counts, skipped = {}, {}
+    valid_given = split_files(data, "valid") is not None
+    files = {split: [open(out / f"{split}.{lang}", "w", encoding="utf-8") for lang in (src, tgt)]
+             for split in ("train", "valid", "test")}
     try:
-        with open(codes, "w", encoding="utf-8") as out:
-            learn_bpe(itertools.chain(*handles), out, merges)
+        for split in ("train", "valid", "test"):
+            found = split_files(data, split)
+            if found is None:
+                continue
+            lines = LineCheck(data.on_bad_lines)
+            for n, (s, t) in enumerate(read_pairs(found, lines), start=1):
+                to = "valid" if split == "train" and not valid_given and n % int(data.valid_every) == 0 else split
+                files[to][0].write(s + "\n")
+                files[to][1].write(t + "\n")
+                counts[to] = counts.get(to, 0) + 1
+            if lines.count:
+                skipped[split] = lines.count
+                log.warning("%s: skipped %d sentence pairs with empty or non-UTF-8 lines (first: %s)",
+                            found.setting, lines.count, "; ".join(lines.first))
     finally:
-        for h in handles:
-            h.close()
+        for pair in files.values():
+            for f in pair:
+                f.close()
+    for split in ("train", "valid", "test"):
+        if not counts.get(split):
+            raise UserError(f"data.{split} has no sentence pairs left to use"
+                            + (f" ({skipped[split]} skipped)" if skipped.get(split) else "")
+                            + ("; give data.valid or more training pairs" if split == "valid" else ""))
+    return {"pairs": counts, "skipped_bad_lines": skipped}
 
 
-def learn_sentencepiece(files: list[Path], model_prefix: Path, vocab_size: int, seed_sentences: int = 10_000_000) -> None:
-    import sentencepiece
-
-    sentencepiece.SentencePieceTrainer.train(
-        input=",".join(str(f) for f in files), model_prefix=str(model_prefix), vocab_size=vocab_size,
-        model_type="bpe", character_coverage=1.0, input_sentence_size=seed_sentences, shuffle_input_sentence=True,
-        hard_vocab_limit=False, minloglevel=2)
+# --------------------------------------------------------------------------------------- the chain
+def tokenize_step(tokenizer: Optional[str], lowercase: bool) -> Optional[str]:
+    """The line function of processing.py a tokenizer setting names (steps joined by +), None for nothing."""
+    steps = {"moses": ["moses"], None: ["normalize"], "none": []}[tokenizer] + (["lowercase"] if lowercase else [])
+    return "+".join(steps) or None
 
 
-def keep_pair(src: str, tgt: str, min_len: int, max_len: int, max_ratio: float) -> bool:
-    """clean-corpus-n.perl: both sides within [min_len, max_len] words and neither more than max_ratio times
-    longer than the other."""
-    ns, nt = len(src.split()), len(tgt.split())
-    if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
-        return False
-    return ns <= max_ratio * nt and nt <= max_ratio * ns
+def build_from_text(data: DictConfig, stages: Path, extracted: Path, staging: Path,
+                    test_splits: Sequence[str] = ("test",), tokenize: bool = True, clean: bool = True) -> dict:
+    """A data set folder from text splits: `extracted/<split>.<lang>` (train, valid and the test splits) the text
+    the model reads, `extracted/references/<split>.<lang>` the references where they differ from it (else the
+    text itself), `extracted/annotations/*` copied into raw/ as they are (e.g. gold alignments). tokenize=False:
+    the kind tokenized the text already; clean=False: no length filter (annotations of valid stay in step)."""
+    src, tgt, workers = data.src_lang, data.tgt_lang, int(data.workers)
+    splits = ["train", "valid", *test_splits]
+    step = tokenize_step(data.tokenizer, bool(data.get("lowercase", False))) if tokenize else None
+    tokenized = extracted if step is None else run_stage(
+        stages, "tokenize", {"text": extracted.name, "step": step},
+        lambda out: map_files(lambda lang: (step, lang), splits, (src, tgt), extracted, out, workers))
+    learned = run_stage(stages, "learn_bpe", {"tokenize": tokenized.name, "bpe": data.bpe, "size": data.bpe_size},
+                        lambda out: learn_bpe(data.bpe, int(data.bpe_size),
+                                              [tokenized / f"train.{src}", tokenized / f"train.{tgt}"], out))
+    model = subword_model(learned, data.bpe)
+    applied = run_stage(stages, "apply_bpe", {"learn_bpe": learned.name, "tokenize": tokenized.name},
+                        lambda out: map_files(lambda lang: (data.bpe, str(model)), splits, (src, tgt), tokenized,
+                                              out, workers))
+    references = extracted / "references" if (extracted / "references").is_dir() else extracted
+    texts = {split: applied for split in splits}
+    raws = {split: (references, f"{split}.{{lang}}") for split in splits if split != "train"}
+    kept = None
+    if clean:
+        cleaned = run_stage(stages, "clean", {"apply_bpe": applied.name, "references": references.name,
+                                              "min_len": data.min_len, "max_len": data.max_len,
+                                              "max_ratio": data.max_ratio},
+                            lambda out: clean_splits(data, applied, references, out))
+        texts.update(train=cleaned, valid=cleaned)
+        raws["valid"] = (cleaned, "valid.raw.{lang}")
+        kept = stage_info(cleaned)["kept"]
+    annotations = extracted / "annotations"
+    (staging / "raw").mkdir()
+    for path in sorted(annotations.iterdir()) if annotations.is_dir() else []:
+        (staging / "raw" / path.name).write_bytes(path.read_bytes())
+    binarize_into(staging, data, texts, raws, model, test_splits)
+    counts = {split: count_lines(texts[split] / f"{split}.{src}") for split in splits}
+    return {"name": data.name, "pair": f"{src}-{tgt}", "splits": counts,
+            "stages": {"text": str(extracted), "bpe": str(applied)}, **({"cleaned": kept} if kept else {})}
+
+
+def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
+    stages = data_root / "stages" / data.name
+    identity = {split: [file_identity(p) for p in found.files]
+                for split in ("train", "valid", "test") if (found := split_files(data, split))}
+    read = run_stage(stages, "read", {"files": identity, "langs": [data.src_lang, data.tgt_lang],
+                                      "valid_every": data.valid_every, "on_bad_lines": data.on_bad_lines},
+                     lambda out: _read(data, out))
+    summary = {**build_from_text(data, stages, read, staging), "skipped_bad_lines": stage_info(read)["skipped_bad_lines"]}
+    write_json(staging / "data.json", summary)
+    return summary
+
+
+register_kind(DataKind("text", key=key, check=check, build=build, subwords=subword_files))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..analysis.alignment import eflomal_alignments, pharaoh_lines, read_pharaoh, word_texts
+from ..analysis.alignment import corpus_aer, eflomal_alignments, pharaoh_lines, read_pharaoh, word_texts
 from ..analysis.attention_maps import KEYS
 from ..analysis.roles import ENCODER_ROLES
 from ..analysis.statistics import MEASURED, ROLES, head_statistics, key_of, role_table, summarize
@@ -49,9 +49,9 @@ def read_alignments(cfg: DictConfig, session) -> tuple:
     return (read_pharaoh(path), path, "file" if cfg.alignments else "data set") if path.exists() else (None, path, None)
 
 
-def eflomal_reference(cfg: DictConfig, session) -> tuple:
+def eflomal_reference(cfg: DictConfig, session, name: str = "reference.align") -> tuple:
     """eflomal's alignments of cfg.split, aligned together with up to cfg.aligner_sentences training sentences
-    (a split of 400 sentences alone gives a statistical aligner too little to count)."""
+    (a split of 400 sentences alone gives a statistical aligner too little to count); written to the run dir."""
     pairs = session.sentence_pairs(cfg.split)
     extra = []
     if cfg.aligner_sentences and cfg.split != "train":
@@ -62,12 +62,25 @@ def eflomal_reference(cfg: DictConfig, session) -> tuple:
     post_process = session.data.get("post_process")
     source, target = ([word_texts(side, post_process) for side in sides] for sides in zip(*(pairs + extra)))
     alignments = eflomal_alignments(source, target, len(pairs))
-    return alignments, write_atomic(run_dir() / "reference.align", pharaoh_lines(alignments))
+    return alignments, write_atomic(run_dir() / name, pharaoh_lines(alignments))
+
+
+def aligner_baseline(cfg: DictConfig, session, alignments: list) -> tuple[dict, list]:
+    """eflomal's AER against the same reference alignments as the heads' (aligner_baseline=eflomal): sure links
+    where its two directions agree (intersection), and every link of either (union)."""
+    aligned, path = eflomal_reference(cfg, session, "eflomal.align")
+    both, either = corpus_aer([s for s, _ in aligned], alignments), corpus_aer([p for _, p in aligned], alignments)
+    line = (f"eflomal on the same sentences (with up to {cfg.aligner_sentences} training sentences): AER "
+            f"{both:.3f} (both directions' intersection), {either:.3f} (union), against the same reference")
+    return {"eflomal_aer": round(both, 4), "eflomal_union_aer": round(either, 4), "eflomal_alignments": str(path)}, \
+        [line]
 
 
 def analyze(cfg: DictConfig) -> dict:
     from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
 
+    if cfg.aligner_baseline not in (None, "eflomal"):
+        raise UserError(f"aligner_baseline must be eflomal or null, not '{cfg.aligner_baseline}'")
     session = Session.open(cfg)
     model = session.model
     # gold arcs: arcs=FILE, else the data set's own (the synthetic task has them); without any, syntactic roles
@@ -101,6 +114,10 @@ def analyze(cfg: DictConfig) -> dict:
         if measure in shown and shown[measure].notna().any():
             plots.head_heatmaps(shown.dropna(subset=[measure]), measure, out / f"roles_{measure}.png", measure)
     metrics, lines = summarize(cfg, roles, by_type, layer_aer, arcs, alignments)
+    if cfg.aligner_baseline == "eflomal" and alignments is not None and alignments_source != "eflomal":
+        baseline, said = aligner_baseline(cfg, session, alignments)
+        metrics.update(baseline)
+        lines += said
     metrics.update({"split": cfg.split, "arcs": str(arcs_path) if arcs is not None else None,
                     "sentences_without_arcs": skipped_arcs if arcs is not None else None,
                     "alignments": str(alignments_path) if alignments is not None else None,
