@@ -38,3 +38,16 @@ def test_sections_written_from_runs_and_checked_against_them(tmp_path):
     (report / "controlled.csv").unlink()
     missing = figures(page, tmp_path, "--check")
     assert missing.returncode == 1 and "no runs to make it from" in missing.stderr
+
+
+def test_a_section_of_runs_the_docs_check_does_not_make_is_left_as_it_is_without_them(tmp_path):
+    """The real-language study (scripts/study_real.sh) takes hours: without its runs, its sections stay as they
+    are and the check passes; the demo's sections still fail without theirs."""
+    page = tmp_path / "page.md"
+    body = "<!-- figures:real-summary -->\nBLEU 12.34\n<!-- /figures:real-summary -->\n"
+    page.write_text(body)
+    checked = figures(page, tmp_path, "--check")
+    assert checked.returncode == 0 and "real-summary: left as it is" in checked.stderr
+    assert figures(page, tmp_path).returncode == 0 and page.read_text() == body
+    page.write_text(body + "<!-- figures:demo-controlled -->\n1.0\n<!-- /figures:demo-controlled -->\n")
+    assert figures(page, tmp_path, "--check").returncode == 1

@@ -46,7 +46,7 @@ def corpus_dir(tmp_path_factory) -> Path:
 
 def text_config(corpus_dir: Path, **overrides):
     settings = {"src_lang": "en", "tgt_lang": "de", "train": str(corpus_dir / "train"),
-                "test": str(corpus_dir / "test"), "bpe_size": 120, "workers": 1}
+                "test": str(corpus_dir / "test"), "bpe_size": 120, "workers": 1, "valid_every": 50}
     return data_config("text", **{**settings, **overrides})
 
 
@@ -54,8 +54,8 @@ def test_own_text_is_prepared_like_wmt_and_scored_against_the_file_as_given(tmp_
     data_bin = prepare(text_config(corpus_dir), tmp_path)
     root = data_bin.parent
     summary = json.loads((root / "data.json").read_text())
-    assert summary["splits"]["valid"] == 5 and summary["splits"]["test"] == 40  # every 100th of 560; test as given
-    assert summary["splits"]["train"] <= 555 and summary["skipped_bad_lines"] == {}
+    assert summary["splits"]["valid"] == 11 and summary["splits"]["test"] == 40  # every 50th of 560; test as given
+    assert summary["splits"]["train"] <= 549 and summary["skipped_bad_lines"] == {}
     assert (root / "raw" / "test.de").read_text(encoding="utf-8").splitlines() == [t for _, t in PAIRS[560:]]
     assert (root / "bpecodes").is_file() and (data_bin / "dict.en.txt").read_text() == (data_bin / "dict.de.txt").read_text()
     for split in ("train", "valid", "test"):
@@ -95,10 +95,11 @@ def test_own_text_bad_input_is_one_line_each(tmp_path, corpus_dir):
     message = refused(train=str(tmp_path / "gaps"))
     assert "gaps.en line 7 is empty" in message and "data.on_bad_lines=skip" in message
     assert not any(p.name.startswith("text-") for p in tmp_path.iterdir())  # nothing half-written
-    data_bin = prepare(text_config(corpus_dir, train=str(tmp_path / "gaps"), on_bad_lines="skip", valid_every=50),
+    data_bin = prepare(text_config(corpus_dir, train=str(tmp_path / "gaps"), on_bad_lines="skip", valid_every=20),
                        tmp_path)
     summary = json.loads((data_bin.parent / "data.json").read_text())
     assert summary["skipped_bad_lines"] == {"train": 2}  # the empty line and the non-UTF-8 one
+    assert "the valid split holds 4 sentence pairs" in refused(valid_every=120)  # 560 // 120: fairseq needs 8
     proc = hprune("data", "prepare", "data=text", "data.src_lang=en", "data.tgt_lang=de",
                   f"data.train={tmp_path / 'short'}", f"data.test={corpus_dir / 'test'}", f"paths.data_root={tmp_path}",
                   check=False)

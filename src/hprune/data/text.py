@@ -41,6 +41,7 @@ from .stages import (
 
 log = logging.getLogger(__name__)
 TOKENIZERS = ("moses", None, "none")
+MIN_VALID = 8  # fairseq-train's --required-batch-size-multiple: a smaller last batch is dropped, all of a smaller split
 FORMS = "a prefix (PREFIX.<src_lang> and PREFIX.<tgt_lang>), a .tsv file (source<TAB>target) or {src: FILE, tgt: FILE}"
 
 
@@ -192,6 +193,10 @@ def _read(data: DictConfig, out: Path) -> dict:
             raise UserError(f"data.{split} has no sentence pairs left to use"
                             + (f" ({skipped[split]} skipped)" if skipped.get(split) else "")
                             + ("; give data.valid or more training pairs" if split == "valid" else ""))
+    if counts["valid"] < MIN_VALID:
+        raise UserError(f"the valid split holds {counts['valid']} sentence pairs; fairseq-train needs {MIN_VALID} or "
+                        "more (it drops a last batch smaller than its batch multiple, 8): give data.valid, or a smaller "
+                        "data.valid_every")
     return {"pairs": counts, "skipped_bad_lines": skipped}
 
 
