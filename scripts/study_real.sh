@@ -8,7 +8,7 @@
 #     prune/       Michel's order against random, confidence and LRP, all heads pooled, 0/25/50/75 %
 #     fisher/      Kwon et al.: half the attention MACs, no retraining
 #     voita/0,1    Voita's gates on the encoder self-attention heads, λ = 1 and the λ = 0 control
-#     dsp/0,1      DSP keeping half of the heads, and its control keeping all of them
+#     dsp/0,1      DSP keeping 18 of the 36 heads, and its control keeping all 36
 #     analyze/     roles (positional, rare-token; syntactic is not measured: the corpus has no parses), alignment
 #                  heads against the manual alignments, eflomal's AER against the same alignments beside them,
 #                  and which roles Voita's gates kept (the survival test)
@@ -30,7 +30,7 @@ for seed in $SEEDS; do
     "prune.baselines=[random,confidence,lrp]"
   done_already "$out/fisher" || step prune "$out/fisher" "$EXP" "ckpt=$model" prune=fisher prune.macs_budget=0.5
   done_already "$out/voita" || sweep prune "$out/voita" "$EXP" "ckpt=$model" prune=voita prune.l0_lambda=1,0
-  done_already "$out/dsp" || sweep prune "$out/dsp" "$EXP" "ckpt=$model" prune=dsp prune.head_budget=36,72
+  done_already "$out/dsp" || sweep prune "$out/dsp" "$EXP" "ckpt=$model" prune=dsp prune.head_budget=18,36
   done_already "$out/analyze" || step analyze "$out/analyze" "$EXP" "ckpt=$model" split=test aligner_baseline=eflomal \
     "mask=$out/voita/0/head_mask.json"
 done
