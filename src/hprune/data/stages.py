@@ -168,5 +168,5 @@ def check_processing(data: DictConfig, tokenizers: Sequence) -> None:
     if data.bpe not in BPE_KINDS:
         raise UserError(f"data.bpe must be one of {', '.join(BPE_KINDS)}, not '{data.bpe}'")
     if data.tokenizer not in tokenizers:
-        raise UserError(f"data.tokenizer must be one of {', '.join(str(t).lower() for t in tokenizers)}, "
+        raise UserError(f"data.tokenizer must be one of {', '.join('null' if t is None else t for t in tokenizers)}, "
                         f"not '{data.tokenizer}'")
