@@ -163,11 +163,11 @@ def real_methods(runs: Path) -> str:
         if pruned.empty:
             continue
         delta = pruned["delta_bleu_control"].astype(float)
-        significant = int(pruned["significant_vs_control"].fillna(False).astype(bool).sum())
+        significant = int(pruned.get("significant_vs_control", pd.Series(dtype=bool)).fillna(False).astype(bool).sum())
         rows.append({"method": f"`{method}` ({knob} {pruned[knob].iloc[0]:g})", "seeds": len(pruned),
-                     "BLEU at 25 %": f"{_span(pruned['kept_heads'])} heads kept: BLEU "
-                                     f"{_sd(pruned['bleu'].mean(), pruned['bleu'].std(), 2)}, ΔBLEU vs its control "
-                                     f"{_sd(delta.mean(), delta.std(), 2)} (p < 0.05 in {significant})"})
+                     "trained, against its control": f"{_span(pruned['kept_heads'])} heads kept: BLEU "
+                     f"{_sd(pruned['bleu'].mean(), pruned['bleu'].std(), 2)}, ΔBLEU vs its control "
+                     f"{_sd(delta.mean(), delta.std(), 2)} (p < 0.05 in {significant})"})
     return _markdown(pd.DataFrame(rows).fillna(""))
 
 

@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import hprune
+from hprune.analysis.alignment import corpus_aer, read_pharaoh, read_unscored
 from hprune.data import bible_alignments
 from hprune.data.prepare import prepare
 from hprune.data.processing import line_function
@@ -166,6 +167,7 @@ GREEK = {  # verse -> Greek words; three chapters of a book, in canonical order 
     "40001001": ["Βίβλος", "γενέσεως", "Ἰησοῦ"], "40001002": ["Ἀβραὰμ", "ἐγέννησεν", "τὸν", "Ἰσαάκ"],
     "40002001": ["Τοῦ", "δὲ", "Ἰησοῦ"], "40002002": ["λέγοντες"],
     **{f"4000300{v}": ["ἐν", "δὲ", "ταῖς", "ἡμέραις"] for v in (1, 2, 3)},
+    **{f"4000100{v}": ["καὶ", "ἐγέννησεν"] for v in range(3, 10)},  # valid needs 8 pairs (fairseq's batch multiple)
 }
 ENGLISH = {  # source_verse -> (token, skip_space_after)
     "40001001": [("This", ""), ("is", ""), ("the", ""), ("record", ""), ("of", ""), ("Jesus", "y"), (".", "")],
@@ -173,15 +175,18 @@ ENGLISH = {  # source_verse -> (token, skip_space_after)
     "40002001": [("After", ""), ("Jesus", "y"), (",", "")],
     "40002002": [("“", "y"), ("Where", ""), ("is", "y"), ("?", "y"), ("”", "")],
     **{f"4000300{v}": [("In", ""), ("those", ""), ("days", "")] for v in (1, 2, 3)},
+    **{f"4000100{v}": [("and", ""), ("fathered", "")] for v in range(3, 10)},
 }
+PUNCTUATION = {",", ".", "?", "“", "”"}  # the BSB marks them `exclude`: no alignment links them
 
 
 def small_wheel(path: Path) -> Path:
     source = ["id\taltId\ttext\tstrongs\tgloss\tgloss2\tlemma\tpos\tmorph"] + [
-        f"n{verse}{i + 1:03d}\t{w}-1\t{w}\tG0000\tx\tx\t{w}\tnoun\tN" for verse, words in GREEK.items()
+        f"n{verse}{i + 1:03d}\t{w}-1\t{w}\tG0000\tx\tx\t{w}\tnoun\tN" for verse, words in sorted(GREEK.items())
         for i, w in enumerate(words)]
     target = ["id\tsource_verse\ttext\tskip_space_after\texclude\tid_range_end\tsource_verse_range_end"] + [
-        f"{verse}{i + 1:03d}\t{verse}\t{token}\t{skip}\t\t\t" for verse, tokens in ENGLISH.items()
+        f"{verse}{i + 1:03d}\t{verse}\t{token}\t{skip}\t{'y' if token in PUNCTUATION else ''}\t\t"
+        for verse, tokens in sorted(ENGLISH.items())
         for i, (token, skip) in enumerate(tokens)]
     records = [([("40001001", 1)], [("40001001", 4), ("40001001", 5)]),   # γενέσεως - record of
                ([("40001001", 3)], [("40001001", 6)]),                    # Ἰησοῦ - Jesus
@@ -208,12 +213,18 @@ def test_greek_nt_verse_pairs_chapters_held_out_and_manual_alignments_as_pharaoh
     summary = json.loads((root / "data.json").read_text())
     # chapter 0 (Matthew 1) is valid (0 % 4 == 0), chapter 1 (Matthew 2) test (1 % 2 == 1), chapter 2 train
     held = summary["held_out"]
-    assert [held[s]["verses"] for s in ("train", "valid", "test")] == [3, 2, 2]
+    assert [held[s]["verses"] for s in ("train", "valid", "test")] == [3, 9, 2]
     assert summary["links_across_verses_dropped"] == 1 and summary["links"] == 2 + 1 + 2 + 1 + 1
     raw = root / "raw"
-    assert (raw / "test.en").read_text(encoding="utf-8").splitlines() == ["After Jesus,", "“Where is?”"]
+    assert (raw / "test.en").read_text(encoding="utf-8").splitlines() == ["After Jesus ,", "“ Where is ? ”"]
+    assert (raw / "test.text").read_text(encoding="utf-8").splitlines() == ["After Jesus,", "“Where is?”"]
+    assert (raw / "test.exclude").read_text().splitlines() == ["2", "0 3 4"]  # punctuation: unscored
+    # a head's link to an unscored word counts neither way: AER 0 here, 1/3 if it were scored
+    reference = read_unscored(raw / "test.exclude", read_pharaoh(raw / "test.align"))
+    assert corpus_aer([{(2, 1), (0, 2)}, {(0, 1)}], reference) == 0.0
+    assert corpus_aer([{(2, 1), (0, 2)}, {(0, 1)}], [r[:2] for r in reference]) == pytest.approx(1 - 4 / 5)
     assert (raw / "valid.grc").read_text(encoding="utf-8").splitlines()[0] == "Βίβλος γενέσεως Ἰησοῦ"
-    assert (raw / "valid.align").read_text().splitlines() == ["0-3 0-4 2-5", "0-0 1-0"]
+    assert (raw / "valid.align").read_text().splitlines() == ["0-3 0-4 2-5", "0-0 1-0"] + [""] * 7
     assert (raw / "test.align").read_text().splitlines() == ["2-1", "0-1"]
     assert "CC-BY-4.0" in (root / "LICENSES.md").read_text()
 

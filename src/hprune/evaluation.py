@@ -21,6 +21,7 @@ from . import backend
 from .errors import UserError
 from .flops import macs_per_token, mask_macs, unit_costs
 from .pruning.heads import Mask
+from .reporting.significance import DEFAULT_TOKENIZE, tokenize_of
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,12 @@ class Quality:
         return dataclasses.asdict(self)
 
 
-def score(hypotheses: List[str], references: List[str]) -> Quality:
+def score(hypotheses: List[str], references: List[str], tokenize: str = DEFAULT_TOKENIZE) -> Quality:
+    """`tokenize`: sacreBLEU's tokenization for BLEU (the data set's `bleu_tokenize`; none: the text's own tokens,
+    as fairseq-generate scores a tokenized test set such as IWSLT14's)."""
     from sacrebleu.metrics import BLEU, CHRF
 
-    bleu, chrf = BLEU(), CHRF()
+    bleu, chrf = BLEU(tokenize=tokenize), CHRF()
     return Quality(bleu=round(bleu.corpus_score(hypotheses, [references]).score, 4),
                    bleu_signature=str(bleu.get_signature()),
                    chrf=round(chrf.corpus_score(hypotheses, [references]).score, 4),
@@ -70,6 +73,10 @@ class Evaluation:
     sentences_per_s: float
     hypotheses: List[str] = field(repr=False)
     references: List[str] = field(repr=False)
+
+    @property
+    def bleu_tokenize(self) -> str:
+        return tokenize_of(self.bleu_signature)
 
     def delta_bleu(self, reference: "Evaluation") -> float:
         """This BLEU minus another evaluation's, as every table records it."""
@@ -111,7 +118,11 @@ class Evaluator:
         session, split = self.session, split or self.measure.split
         result = backend.translate(session.loaded, self.measure.generation, split, self.measure.seed,
                                    session.data.post_process, self._detokenizer)
-        return result, score(result.hypotheses, self.references(split, result.sentences))
+        return result, score(result.hypotheses, self.references(split, result.sentences), self.bleu_tokenize)
+
+    @property
+    def bleu_tokenize(self) -> str:
+        return self.session.data.get("bleu_tokenize") or DEFAULT_TOKENIZE
 
     @property
     def _detokenizer(self) -> Optional[str]:
@@ -126,7 +137,7 @@ class Evaluator:
         session = self.session
         text = backend.symbols_to_text(session.loaded, session.data.post_process, self._detokenizer)
         lines = [text(symbols) for symbols in hypotheses]
-        return lines, score(lines, self.references(split, len(lines)))
+        return lines, score(lines, self.references(split, len(lines)), self.bleu_tokenize)
 
     def score_pairs(self, pairs: List[Tuple[List[str], List[str]]]) -> List[List[float]]:
         """Teacher-forced log-probability of each target token (eos included) of (source, target) symbol pairs,

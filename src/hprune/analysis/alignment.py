@@ -2,7 +2,9 @@
 
 Reference alignments are in Pharaoh format: one line a sentence, `i-j` a sure link between source word i and
 target word j (0-based), `i?j` or `ipj` a possible one. Words are what the model's pieces join into (BPE pieces
-at `@@`, sentencepiece pieces at `▁`): the tokenized text.
+at `@@`, sentencepiece pieces at `▁`): the tokenized text. A data set's `<split>.exclude` beside its
+`<split>.align` lists, a line a sentence, the target words its reference leaves out of alignment (punctuation in
+a manual alignment): links to them are not scored.
 
 A head's alignment links each target piece to the source piece it attends to most, as a link between their
 words: a pair of words is linked when any pair of their pieces is, the usual rule for subword models. The EOS
@@ -49,6 +51,19 @@ def read_pharaoh(path: Path) -> List[Tuple[Links, Links]]:
     return alignments
 
 
+def read_unscored(path: Path, alignments: list) -> list:
+    """The reference alignments with the target words to leave unscored (one line a sentence, word indices),
+    where `path` (`<split>.exclude` beside `<split>.align`) exists; else as they are."""
+    if not Path(path).is_file():
+        return alignments
+    lines = Path(path).read_text().splitlines()
+    if len(lines) != len(alignments):
+        raise UserError(f"{path} has {len(lines)} lines for {len(alignments)} sentences of alignments; the two files "
+                        "must be line-parallel")
+    return [(sure, possible, frozenset(int(j) for j in line.split())) for (sure, possible), line in
+            zip(alignments, lines)]
+
+
 def aer(links: Links, sure: Links, possible: Links) -> float:
     """The alignment error rate of one alignment (corpus AER sums the four counts first: AlignmentStats)."""
     if not links and not sure:
@@ -56,10 +71,12 @@ def aer(links: Links, sure: Links, possible: Links) -> float:
     return 1 - (len(links & sure) + len(links & possible)) / (len(links) + len(sure))
 
 
-def corpus_aer(predicted: Sequence[Links], reference: Sequence[Tuple[Links, Links]]) -> float:
-    """The AER of alignments of a corpus against reference (sure, possible) links, the counts summed first."""
+def corpus_aer(predicted: Sequence[Links], reference: Sequence[tuple]) -> float:
+    """The AER of alignments of a corpus against reference (sure, possible[, unscored target words]) links, the
+    counts summed first."""
     counts = np.zeros(4)
-    for links, (sure, possible) in zip(predicted, reference):
+    for links, (sure, possible, *unscored) in zip(predicted, reference):
+        links = {(i, j) for i, j in links if not unscored or j not in unscored[0]}
         counts += (len(links), len(links & sure), len(links & possible), len(sure))
     a, a_sure, a_possible, sure = counts
     return float(1 - (a_sure + a_possible) / max(a + sure, 1))
@@ -123,7 +140,9 @@ class AlignmentStats:
         self.words = 0  # target words with a sure link
 
     def add(self, weights: torch.Tensor, source_words: Sequence[int], target_words: Sequence[int], sure: Links,
-            possible: Links) -> None:
+            possible: Links, unscored: frozenset = frozenset()) -> None:
+        """`unscored`: target words the reference leaves out of alignment (punctuation a manual alignment
+        excludes): links to them are not counted."""
         if self.num_heads == 0:  # a layer pruned to no head aligns nothing
             return
         weights = weights.double()
@@ -131,6 +150,7 @@ class AlignmentStats:
         linked = {j for _, j in sure}
         self.words += len(linked)
         for row, links in enumerate(head_links(maps, source_words, target_words)):
+            links = {(i, j) for i, j in links if j not in unscored}
             self.counts[row] += (len(links), len(links & sure), len(links & possible), len(sure))
             self.hits[row] += len({j for i, j in links if (i, j) in sure})
 

@@ -73,10 +73,22 @@ def _read_members(archive: Path, members: dict[str, str]) -> dict[str, list[str]
                 raise UserError(f"{archive} is not IWSLT14's de-en.tgz: it has no {', '.join(missing[:3])}"
                                 f"{' ...' if len(missing) > 3 else ''}; give the recipe's archive "
                                 "(data.archive.path) or delete it to download it again")
-            return {key: tar.extractfile(member).read().decode("utf-8").splitlines()
-                    for key, member in members.items()}
+            return {key: _lines(archive, member, tar.extractfile(member)) for key, member in members.items()}
     except ARCHIVE_ERRORS as err:
         raise UserError(f"{archive} is corrupt or truncated ({err}); delete it and run again") from None
+
+
+def _lines(archive: Path, member: str, handle) -> list[str]:
+    """A member's lines, split at \n only (as grep and sed read them)."""
+    if handle is None:
+        raise UserError(f"{archive}: {member} is not a file; give the recipe's de-en.tgz")
+    try:
+        text = handle.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{archive}: {member} is not UTF-8 ({err.reason} at byte {err.start}); give the recipe's "
+                        "de-en.tgz") from None
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def train_lines(lines: list[str]) -> list[str]:
@@ -103,8 +115,11 @@ def _extract(data: DictConfig, archive: Path, out: Path) -> dict:
     text = _read_members(archive, _members(data))
     tokenize = {lang: line_function("moses_plain", lang) for lang in (src, tgt)}
     lower = str.lower  # lowercase.perl
-    pairs = [(tokenize[src](s), tokenize[tgt](t))
-             for s, t in zip(train_lines(text[f"train.{src}"]), train_lines(text[f"train.{tgt}"]))]
+    train = {lang: train_lines(text[f"train.{lang}"]) for lang in (src, tgt)}
+    if len(train[src]) != len(train[tgt]):
+        raise UserError(f"{archive}: train.tags.de-en.{src} has {len(train[src])} lines and train.tags.de-en.{tgt} "
+                        f"{len(train[tgt])} after the recipe's filters; the archive is not the recipe's")
+    pairs = [(tokenize[src](s), tokenize[tgt](t)) for s, t in zip(train[src], train[tgt])]
     cleaned = [(lower(s), lower(t)) for s, t in pairs
                if keep_pair(s, t, int(data.min_len), int(data.max_len), float(data.max_ratio))]
     every = int(data.valid_every)
@@ -125,14 +140,17 @@ def _extract(data: DictConfig, archive: Path, out: Path) -> dict:
 
 def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     archive = _archive(data, data_root)
+    digest = file_digest(archive, "sha256")  # the extraction's identity, whichever way the archive came
+    if data.archive.get("sha256") and digest != data.archive.sha256.lower():
+        raise UserError(f"{archive} has sha256 {digest}, not data.archive.sha256={data.archive.sha256}; give the "
+                        "archive that checksum names, or fix the setting")
     stages = data_root / "stages" / data.name
-    identity = {"sha256": data.archive.sha256} if data.archive.get("sha256") else {"file": file_identity(archive)}
     extracted = run_stage(stages, "extract", {
-        "archive": identity, "langs": [data.src_lang, data.tgt_lang], "test_sets": list(data.test_sets),
+        "archive": digest, "langs": [data.src_lang, data.tgt_lang], "test_sets": list(data.test_sets),
         "valid_every": data.valid_every, "min_len": data.min_len, "max_len": data.max_len,
         "max_ratio": data.max_ratio}, lambda out: _extract(data, archive, out))
     summary = {**build_from_text(data, stages, extracted, staging, tokenize=False, clean=False),
-               "archive": {"path": str(archive), "sha256": file_digest(archive, "sha256")},
+               "archive": {"path": str(archive), "sha256": digest},
                "iwslt_test_sets": list(data.test_sets)}
     write_json(staging / "data.json", summary)
     return summary

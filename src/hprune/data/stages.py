@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 STAGE_VERSION = 1  # bump when a stage's output changes for the same inputs
 BPE_KINDS = ("subword_nmt", "sentencepiece")
 SUBWORD_FILES = {"subword_nmt": "bpecodes", "sentencepiece": "spm.model"}  # in the data set folder, beside bin/
-NOT_IDENTITY = ("workers", "download_retries")  # how a data set is built, not what it is
+NOT_IDENTITY = ("workers", "download_retries", "bleu_tokenize")  # how a data set is built or scored, not what it is
 
 
 def key_of(obj) -> str:

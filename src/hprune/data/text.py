@@ -83,7 +83,7 @@ def split_files(data: DictConfig, split: str) -> Optional[SplitFiles]:
     missing = [path for path in found.files if not path.is_file()]
     if missing == [found.target] and split == "test":
         raise UserError(f"{setting}: the references {found.target} do not exist; a test set needs its target side "
-                        "for BLEU (translate text without references with `hprune eval input=FILE`)")
+                        "for BLEU: give {src: FILE, tgt: FILE} or a .tsv file")
     if missing:
         raise UserError(f"{setting}: {' and '.join(str(p) for p in missing)} "
                         f"{'does' if len(missing) == 1 else 'do'} not exist; give {FORMS}")
@@ -193,10 +193,6 @@ def _read(data: DictConfig, out: Path) -> dict:
             raise UserError(f"data.{split} has no sentence pairs left to use"
                             + (f" ({skipped[split]} skipped)" if skipped.get(split) else "")
                             + ("; give data.valid or more training pairs" if split == "valid" else ""))
-    if counts["valid"] < MIN_VALID:
-        raise UserError(f"the valid split holds {counts['valid']} sentence pairs; fairseq-train needs {MIN_VALID} or "
-                        "more (it drops a last batch smaller than its batch multiple, 8): give data.valid, or a smaller "
-                        "data.valid_every")
     return {"pairs": counts, "skipped_bad_lines": skipped}
 
 
@@ -238,6 +234,11 @@ def build_from_text(data: DictConfig, stages: Path, extracted: Path, staging: Pa
         texts.update(train=cleaned, valid=cleaned)
         raws["valid"] = (cleaned, "valid.raw.{lang}")
         kept = stage_info(cleaned)["kept"]
+    valid = count_lines(texts["valid"] / f"valid.{src}")
+    if valid < MIN_VALID:
+        raise UserError(f"the valid split holds {valid} sentence pairs{' after cleaning' if clean else ''}; "
+                        f"fairseq-train needs {MIN_VALID} or more (it drops a last batch smaller than its batch "
+                        "multiple, 8): give data.valid, or a smaller data.valid_every")
     annotations = extracted / "annotations"
     (staging / "raw").mkdir()
     for path in sorted(annotations.iterdir()) if annotations.is_dir() else []:

@@ -149,12 +149,14 @@ def compared(result: Evaluation, unpruned: Evaluation, method_result: Optional[E
     (when the curve fine-tunes) and, for a baseline order, against the method's own point at the same step:
     p-values, the point's 95 % interval, significance at 0.05."""
     sig = cfg.significance
-    test = paired_bootstrap(unpruned.hypotheses, result.hypotheses, result.references, sig.resamples, sig.seed)
+    test = paired_bootstrap(unpruned.hypotheses, result.hypotheses, result.references, sig.resamples, sig.seed,
+                            result.bleu_tokenize)
     row = {"bleu_ci95": round(test["bleu_ci95"], 4), "p_vs_unpruned": round(test["p_value"], 4),
            "significant_vs_unpruned": test["significant"]}
     for name, other in (("control", control), ("method", method_result)):
         if other is not None:
-            versus = paired_bootstrap(other.hypotheses, result.hypotheses, result.references, sig.resamples, sig.seed)
+            versus = paired_bootstrap(other.hypotheses, result.hypotheses, result.references, sig.resamples, sig.seed,
+                                      result.bleu_tokenize)
             row.update({f"p_vs_{name}": round(versus["p_value"], 4), f"significant_vs_{name}": versus["significant"]})
     return row
 

@@ -272,7 +272,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     names, sig = list(results), cfg.significance  # each stage against the one before it, on the same sentences
     for row, before, stage in zip(stages[1:], names, names[1:]):
         test = paired_bootstrap(results[before].hypotheses, results[stage].hypotheses, results[stage].references,
-                                sig.resamples or STAGE_RESAMPLES, sig.seed)
+                                sig.resamples or STAGE_RESAMPLES, sig.seed, results[stage].bleu_tokenize)
         row.update(p_vs_previous=round(test["p_value"], 4), significant_vs_previous=test["significant"])
     result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
     save_hypotheses(out, "pruned", result)

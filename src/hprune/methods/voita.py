@@ -152,7 +152,7 @@ def from_scratch(start: Evaluator, cfg: DictConfig, recipe: DictConfig, mask_pat
     sig = cfg.significance
     if sig.resamples:
         test = paired_bootstrap(unpruned.hypotheses, result.hypotheses, result.references, sig.resamples,
-                                sig.seed)
+                                sig.seed, result.bleu_tokenize)
         metrics.update(p_scratch_vs_start=round(test["p_value"], 4), significant_scratch_vs_start=test["significant"])
     return metrics
 

@@ -10,9 +10,11 @@ but no difference is never marked significant.
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
+DEFAULT_TOKENIZE = "13a"  # sacreBLEU's default; a data set's `bleu_tokenize` may choose another (none: its tokens)
 DEFAULT_RESAMPLES = 1000
 DEFAULT_SEED = 12345
 ALPHA = 0.05
@@ -31,10 +33,18 @@ def _sacrebleu_seed(seed: int) -> Iterator[None]:
             os.environ["SACREBLEU_SEED"] = previous
 
 
+def tokenize_of(signature: Optional[str]) -> str:
+    """sacreBLEU's tokenization named in a BLEU signature (`...|tok:13a|...`); 13a where none is."""
+    found = re.search(r"tok:([\w.-]+)", signature or "")
+    return found.group(1) if found else DEFAULT_TOKENIZE
+
+
 def paired_bootstrap(reference_system: Sequence[str], system: Sequence[str], references: Sequence[str],
-                     resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> dict:
+                     resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
+                     tokenize: str = DEFAULT_TOKENIZE) -> dict:
     """BLEU of `system` against `reference_system` (both translations of `references`, line by line): the two
-    scores, their bootstrap means and 95 % half-widths, the difference, its p-value and whether p < 0.05."""
+    scores, their bootstrap means and 95 % half-widths, the difference, its p-value and whether p < 0.05.
+    `tokenize`: sacreBLEU's tokenization, as the runs' BLEU was computed (tokenize_of their signature)."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
@@ -44,7 +54,7 @@ def paired_bootstrap(reference_system: Sequence[str], system: Sequence[str], ref
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, not {resamples}")
     with _sacrebleu_seed(seed):
-        test = PairedTest([("reference", list(reference_system)), ("system", list(system))], {"BLEU": BLEU()},
+        test = PairedTest([("reference", list(reference_system)), ("system", list(system))], {"BLEU": BLEU(tokenize=tokenize)},
                           [list(references)], test_type="bs", n_samples=resamples)
         signatures, scores = test()
     (name, results), = ((k, v) for k, v in scores.items() if k != "System")

@@ -17,7 +17,7 @@ import pandas as pd
 from ..errors import UserError
 from ..rundir import RunDir
 from .collect import SCORING_KEYS, Collection
-from .significance import paired_bootstrap
+from .significance import paired_bootstrap, tokenize_of
 
 GROUP = ["checkpoint", "types"]  # one comparison: the same model, the same pool of heads
 P_VALUE_COLUMNS = ("p@", "p_")
@@ -190,7 +190,8 @@ class SavedHypotheses:
         system, references = self.read(point["path"], point["hyp"]), self.read(point["path"], None)
         if baseline is None or system is None or references is None or not len(baseline) == len(system) == len(references):
             return None
-        return paired_bootstrap(baseline, system, references, self.resamples, self.seed)
+        signature = (RunDir(Path(point["path"])).metrics() or {}).get("bleu_signature")
+        return paired_bootstrap(baseline, system, references, self.resamples, self.seed, tokenize_of(signature))
 
 
 def comparison(collection: Collection, sparsity: list[float], group_by: list[str] = (),

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..analysis.alignment import corpus_aer, eflomal_alignments, pharaoh_lines, read_pharaoh, word_texts
+from ..analysis.alignment import (
+    corpus_aer,
+    eflomal_alignments,
+    pharaoh_lines,
+    read_pharaoh,
+    read_unscored,
+    word_texts,
+)
 from ..analysis.attention_maps import KEYS
 from ..analysis.roles import ENCODER_ROLES
 from ..analysis.statistics import MEASURED, ROLES, head_statistics, key_of, role_table, summarize
@@ -46,7 +53,11 @@ def read_alignments(cfg: DictConfig, session) -> tuple:
     if cfg.alignments and not path.exists():
         raise UserError(f"alignments file {path} does not exist; pass alignments=<Pharaoh file: i-j links, one line "
                         f"a sentence of {cfg.split}> or alignments=eflomal")
-    return (read_pharaoh(path), path, "file" if cfg.alignments else "data set") if path.exists() else (None, path, None)
+    if not path.exists():
+        return None, path, None
+    if cfg.alignments:
+        return read_pharaoh(path), path, "file"
+    return read_unscored(path.with_suffix(".exclude"), read_pharaoh(path)), path, "data set"
 
 
 def eflomal_reference(cfg: DictConfig, session, name: str = "reference.align") -> tuple:
