@@ -67,8 +67,10 @@ def test_own_text_is_prepared_like_wmt_and_scored_against_the_file_as_given(tmp_
                                                    "tgt": str(corpus_dir / "train.de")}), tmp_path / "named")
     for other in (tsv, named):
         assert (other / "train.en-de.en.bin").read_bytes() == (data_bin / "train.en-de.en.bin").read_bytes()
-    # a file that changed is another data set
+    # the same files again: the same data set; lowercased, with lowercased references
     assert prepare(text_config(corpus_dir), tmp_path) == data_bin
+    lowered = prepare(text_config(corpus_dir, lowercase=True), tmp_path).parent
+    assert (lowered / "raw" / "test.de").read_text(encoding="utf-8").splitlines() == [t.lower() for _, t in PAIRS[560:]]
 
 
 def test_own_text_bad_input_is_one_line_each(tmp_path, corpus_dir):

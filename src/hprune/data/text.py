@@ -244,6 +244,10 @@ def build_from_text(data: DictConfig, stages: Path, extracted: Path, staging: Pa
     for path in sorted(annotations.iterdir()) if annotations.is_dir() else []:
         (staging / "raw" / path.name).write_bytes(path.read_bytes())
     binarize_into(staging, data, texts, raws, model, test_splits)
+    if tokenize and data.get("lowercase"):  # lowercased output is scored against lowercased references
+        for split in raws:
+            reference = staging / "raw" / f"{split}.{tgt}"
+            reference.write_text(reference.read_text(encoding="utf-8").lower(), encoding="utf-8")
     counts = {split: count_lines(texts[split] / f"{split}.{src}") for split in splits}
     return {"name": data.name, "pair": f"{src}-{tgt}", "splits": counts,
             "stages": {"text": str(extracted), "bpe": str(applied)}, **({"cleaned": kept} if kept else {})}

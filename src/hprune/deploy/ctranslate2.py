@@ -258,11 +258,17 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
                      if moses else "tokens = [sp.encode(line, out_type=str) for line in lines]"))
         decode = ("text = [moses_detok.detokenize(sp.decode(h.hypotheses[0]).split()) for h in results]" if moses
                   else "text = [sp.decode(h.hypotheses[0]) for h in results]")
-    elif subword_files:
-        encode = (f"# Moses-tokenize (sacremoses, {src}), then apply {subword_files[0]} with subword-nmt\n"
-                  f"bpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
-                  "tokens = [bpe.process_line(moses.tokenize(line, return_str=True)).split() for line in lines]")
+    elif subword_files and data.get("tokenizer") == "moses":
+        lower = ".lower()" if data.get("lowercase") else ""
+        encode = (f"# Moses-tokenize (sacremoses, {src}){', lowercase' if lower else ''}, then apply "
+                  f"{subword_files[0]} with subword-nmt\nbpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
+                  f"tokens = [bpe.process_line(moses.tokenize(line, return_str=True){lower}).split() for line in lines]")
         decode = "text = [moses_detok.detokenize(' '.join(h.hypotheses[0]).replace('@@ ', '').split()) for h in results]"
+    elif subword_files:  # text the data set tokenized its own way (IWSLT14's recipe, a corpus's own tokens)
+        encode = (f"# the text tokenized as data set {data.name} was (docs/data.md), then apply {subword_files[0]} "
+                  f"with subword-nmt\nbpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
+                  "tokens = [bpe.process_line(line).split() for line in lines]")
+        decode = "text = [' '.join(h.hypotheses[0]).replace('@@ ', '') for h in results]  # still tokenized"
     else:
         encode = "tokens = [line.split() for line in lines]  # text already in the model's tokens"
         join = ".replace('@@ ', '')" if data.get("post_process") == "subword_nmt" else ""
