@@ -4,8 +4,11 @@
 computed against. A data set is built once per parameter set, into a staging folder renamed into place when
 complete (files.build_once: one process at a time), so a killed preparation never leaves a folder that looks
 ready. Kinds (data/kinds.py, one module each): `toy` (the embedded synthetic task, data/toy.py), `wmt`
-(downloaded corpora, data/wmt.py), `pretrained` (text encoded with a model's own codes and dictionaries,
-data/pretrained.py) and `databin` (a data-bin of your own, data/databin.py).
+(downloaded corpora, data/wmt.py), `text` (your own parallel text, data/text.py), `iwslt14` (fairseq's IWSLT14
+recipe, data/iwslt14.py), `bible_alignments` (the Greek NT -> English with manual alignments,
+data/bible_alignments.py), `pretrained` (text encoded with a model's own codes and dictionaries,
+data/pretrained.py) and `databin` (a data-bin of your own, data/databin.py); the text kinds share
+data/stages.py's cached stages and data/processing.py's tokenizers and BPE.
 """
 from __future__ import annotations
 
