@@ -10,8 +10,9 @@
 #     voita/0,1    Voita's gates on the encoder self-attention heads, λ = 1 and the λ = 0 control
 #     dsp/0,1      DSP keeping 18 of the 36 heads, and its control keeping all 36
 #     analyze/     roles (positional, rare-token; syntactic is not measured: the corpus has no parses), alignment
-#                  heads against the manual alignments, eflomal's AER against the same alignments beside them,
-#                  and which roles Voita's gates kept (the survival test)
+#                  heads against the manual alignments, eflomal's AER against the same alignments beside them
+#   (the survival test, whether heads with a role outlive the others under Voita's gates, is computed from
+#   analyze/head_roles.csv and voita/'s masks by scripts/doc_figures.py)
 #   then `hprune report outputs/real/study` (outputs/real/study/report/).
 # Steps that finished are skipped (their metrics.json is there): the study can be completed over several sittings.
 # CPU time on 2 cores: about 3 h for one seed (training about 1.5 h of it); docs/data.md gives the measured figures.
@@ -26,12 +27,11 @@ for seed in $SEEDS; do
   out="outputs/real/study/$seed"
   done_already "$model" || step train "$model" "$EXP" "seed=$seed"
   done_already "$out/eval" || step eval "$out/eval" "$EXP" "ckpt=$model"
+  done_already "$out/analyze" || step analyze "$out/analyze" "$EXP" "ckpt=$model" split=test aligner_baseline=eflomal
   done_already "$out/prune" || step prune "$out/prune" "$EXP" "ckpt=$model" prune=michel prune.step_pct=25 \
     "prune.baselines=[random,confidence,lrp]"
   done_already "$out/fisher" || step prune "$out/fisher" "$EXP" "ckpt=$model" prune=fisher prune.macs_budget=0.5
-  done_already "$out/voita" || sweep prune "$out/voita" "$EXP" "ckpt=$model" prune=voita prune.l0_lambda=1,0
   done_already "$out/dsp" || sweep prune "$out/dsp" "$EXP" "ckpt=$model" prune=dsp prune.head_budget=18,36
-  done_already "$out/analyze" || step analyze "$out/analyze" "$EXP" "ckpt=$model" split=test aligner_baseline=eflomal \
-    "mask=$out/voita/0/head_mask.json"
+  done_already "$out/voita" || sweep prune "$out/voita" "$EXP" "ckpt=$model" prune=voita prune.l0_lambda=1,0
 done
 $HPRUNE report outputs/real/study "hydra.run.dir=outputs/real/study/report" ${HPRUNE_ARGS:-}
