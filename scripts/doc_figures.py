@@ -157,8 +157,10 @@ def real_methods(runs: Path) -> str:
                                           f"{int((won['significant'] & (won['bleu'] > won['bleu_versus'])).sum())}"
                                           f"/{len(won)})")
         rows.append(row)
-    controlled = pd.read_csv(report / "controlled.csv")
+    controlled = pd.read_csv(report / "controlled.csv") if (report / "controlled.csv").is_file() else None
     for method, knob in (("voita", "l0_lambda"), ("dsp", "head_budget")):
+        if controlled is None:  # the trained methods have not run yet
+            break
         pruned = controlled[(controlled["method"] == method) & controlled["control_run"].notna()]
         if pruned.empty:
             continue
