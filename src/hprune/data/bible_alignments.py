@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from ..errors import UserError
 from ..files import file_digest, write_json
 from .kinds import DataKind, register_kind
-from .stages import check_processing, config_key, file_identity, run_stage, subword_files, write_lines
+from .stages import check_processing, key_with_file, run_stage, subword_files, write_lines
 from .text import build_from_text
 
 log = logging.getLogger(__name__)
@@ -202,10 +202,5 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     return summary
 
 
-def key(data: DictConfig) -> str:
-    given = data.wheel.get("path")  # a wheel of the user's: a changed file is another data set
-    return config_key(data, {"wheel": file_identity(Path(given).expanduser().absolute())} if given else None)
-
-
-register_kind(DataKind("bible_alignments", key=key, check=check, build=build,
-                       subwords=subword_files))
+register_kind(DataKind("bible_alignments", key=lambda data: key_with_file(data, "wheel", data.wheel.get("path")),
+                       check=check, build=build, subwords=subword_files))

@@ -28,7 +28,7 @@ from .corpora import ARCHIVE_ERRORS
 from .download import Remote, fetch
 from .kinds import DataKind, register_kind
 from .processing import keep_pair, line_function
-from .stages import check_processing, config_key, file_identity, run_stage, subword_files, write_lines
+from .stages import check_processing, key_with_file, run_stage, subword_files, write_lines
 from .text import build_from_text
 
 FOLDER = "de-en"
@@ -156,10 +156,5 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     return summary
 
 
-def key(data: DictConfig) -> str:
-    given = data.archive.get("path")  # a file of the user's: a changed file is another data set
-    return config_key(data, {"archive": file_identity(Path(given).expanduser().absolute())} if given else None)
-
-
-register_kind(DataKind("iwslt14", key=key, check=check, build=build,
-                       subwords=subword_files))
+register_kind(DataKind("iwslt14", key=lambda data: key_with_file(data, "archive", data.archive.get("path")),
+                       check=check, build=build, subwords=subword_files))

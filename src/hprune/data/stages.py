@@ -48,6 +48,12 @@ def config_key(data: DictConfig, extra: Optional[dict] = None) -> str:
     return key_of({"params": params, "version": STAGE_VERSION, **({"files": extra} if extra else {})})
 
 
+def key_with_file(data: DictConfig, name: str, given: Optional[str]) -> str:
+    """config_key, plus the identity of a file of the user's (`given`: its path, or None): a changed file is
+    another data set."""
+    return config_key(data, {name: file_identity(Path(given).expanduser().absolute())} if given else None)
+
+
 def file_identity(path: Path) -> list:
     """A local file as a stage input: its path, size and modification time (a changed file is a new input)."""
     st = Path(path).stat()
