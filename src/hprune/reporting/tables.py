@@ -190,8 +190,14 @@ class SavedHypotheses:
         system, references = self.read(point["path"], point["hyp"]), self.read(point["path"], None)
         if baseline is None or system is None or references is None or not len(baseline) == len(system) == len(references):
             return None
-        signature = (RunDir(Path(point["path"])).metrics() or {}).get("bleu_signature")
-        return paired_bootstrap(baseline, system, references, self.resamples, self.seed, tokenize_of(signature))
+        return paired_bootstrap(baseline, system, references, self.resamples, self.seed, self.tokenize(point["path"]))
+
+    def tokenize(self, path) -> str:
+        """sacreBLEU's tokenization of a run's BLEU (from its signature), read once per run."""
+        if ("tokenize", path) not in self.cache:
+            signature = (RunDir(Path(path)).metrics() or {}).get("bleu_signature")
+            self.cache[("tokenize", path)] = tokenize_of(signature)
+        return self.cache[("tokenize", path)]
 
 
 def comparison(collection: Collection, sparsity: list[float], group_by: list[str] = (),
