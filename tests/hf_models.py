@@ -95,7 +95,113 @@ def build_marian(root: Path, text: dict) -> dict:
             "start": pad, "attention": ("self_attn", "encoder_attn")}
 
 
-BUILDERS = {"fsmt": build_fsmt, "marian": build_marian}
+def _joint_sentencepiece(root: Path, text: dict, model_type: str) -> Path:
+    """A joint sentencepiece model with the layout these families' models have (<unk> 0, <s> 1, </s> 2)."""
+    import sentencepiece
+    (root / "joint.txt").write_text("".join(line + "\n" for lang in LANGS for line in text[lang]))
+    sentencepiece.SentencePieceTrainer.train(input=str(root / "joint.txt"), model_prefix=str(root / model_type),
+                                             vocab_size=150, model_type=model_type, hard_vocab_limit=False,
+                                             character_coverage=1.0, minloglevel=2)
+    return root / f"{model_type}.model"
+
+
+def _train_a_little(model, tokenizer, text: dict, steps: int = 150) -> None:
+    """150 Adam steps on the toy pairs: enough for translations that differ with the source (most test sentences
+    translate differently), which those of a random model or one trained less hardly do."""
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    pairs = list(zip(text["en"], text["fr"]))
+    for step in range(steps):
+        batch = pairs[(step * 32) % len(pairs):][:32]
+        inputs = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch], return_tensors="pt", padding=True)
+        inputs["labels"][inputs["labels"] == tokenizer.pad_token_id] = -100
+        model(**inputs).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+
+
+def _multilingual(root: Path, name: str, model, tokenizer, text: dict, languages: tuple[str, str],
+                  target_token: str) -> dict:
+    _train_a_little(model, tokenizer, text)
+    model.generation_config.forced_bos_token_id = None  # set per call, from the target language, as users do
+    model_dir = root / name
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return {"dir": model_dir, "model": model, "tokenizer": tokenizer, "root": root, "vocab": None,
+            "pad": model.config.pad_token_id, "start": model.config.decoder_start_token_id,
+            "attention": ("self_attn", "encoder_attn"), "languages": languages,
+            "forced_bos": tokenizer.convert_tokens_to_ids(target_token)}
+
+
+SMALL = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+             encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=128, dropout=0.0, attention_dropout=0.0,
+             encoder_layerdrop=0.0, decoder_layerdrop=0.0, init_std=0.05)
+
+
+def build_m2m100(root: Path, text: dict) -> dict:
+    """An M2M100 model as m2m100_418M is laid out: vocab.json (fairseq's dictionary order), sentencepiece.bpe.model,
+    the 100 language tokens __xx__ after the vocabulary, 8 made-up words up to vocab_size."""
+    spm = _joint_sentencepiece(root, text, "bpe")
+    model_dir = root / "m2m100-tiny"
+    model_dir.mkdir()
+    shutil.copyfile(spm, model_dir / "sentencepiece.bpe.model")
+    import sentencepiece
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(spm))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(3, processor.get_piece_size()):
+        vocab.setdefault(processor.id_to_piece(i), len(vocab))
+    (model_dir / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = transformers.M2M100Tokenizer(str(model_dir / "vocab.json"), str(model_dir / "sentencepiece.bpe.model"),
+                                             src_lang="en", tgt_lang="fr")
+    config = transformers.M2M100Config(vocab_size=len(vocab) + 100 + 8, scale_embedding=True, **SMALL)
+    torch.manual_seed(0)
+    model = transformers.M2M100ForConditionalGeneration(config)
+    return _multilingual(root, "m2m100-tiny", model, tokenizer, text, ("en", "fr"), "__fr__")
+
+
+def build_nllb(root: Path, text: dict) -> dict:
+    """An NLLB-200 model (M2M100's architecture, NLLB's tokenizer: sentencepiece BPE ids + 1, 202 language codes
+    and <mask> as added tokens, tokenizer.json)."""
+    from tokenizers.models import BPE
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
+    spm = _joint_sentencepiece(root, text, "bpe")
+    import sentencepiece
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(spm))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({processor.id_to_piece(i): i + 1 for i in range(3, processor.get_piece_size())})
+    extracted = SentencePieceExtractor(str(spm)).extract(BPE)
+    tokenizer = transformers.NllbTokenizer(vocab=vocab, merges=extracted["merges"], src_lang="eng_Latn",
+                                           tgt_lang="fra_Latn",
+                                           _spm_precompiled_charsmap=extracted["_spm_precompiled_charsmap"])
+    config = transformers.M2M100Config(vocab_size=len(tokenizer) + 2, scale_embedding=True, **SMALL)
+    torch.manual_seed(0)
+    model = transformers.M2M100ForConditionalGeneration(config)
+    built = _multilingual(root, "nllb-200-tiny", model, tokenizer, text, ("eng_Latn", "fra_Latn"), "fra_Latn")
+    shutil.copyfile(spm, built["dir"] / "sentencepiece.bpe.model")
+    return built
+
+
+def build_mbart50(root: Path, text: dict) -> dict:
+    """An mBART-50 many-to-many model: learned positions, layernorm_embedding, a unigram sentencepiece model
+    (ids + 1), the 52 language codes and <mask> after it, the decoder started with </s>."""
+    spm = _joint_sentencepiece(root, text, "unigram")
+    folder = root / "mbart50-spm"
+    folder.mkdir()
+    shutil.copyfile(spm, folder / "sentencepiece.bpe.model")
+    tokenizer = transformers.MBart50Tokenizer.from_pretrained(str(folder), src_lang="en_XX", tgt_lang="fr_XX")
+    config = transformers.MBartConfig(vocab_size=len(tokenizer), scale_embedding=True, activation_function="relu",
+                                      decoder_start_token_id=2, forced_eos_token_id=2, **SMALL)
+    torch.manual_seed(0)
+    model = transformers.MBartForConditionalGeneration(config)
+    built = _multilingual(root, "mbart-large-50-tiny", model, tokenizer, text, ("en_XX", "fr_XX"), "fr_XX")
+    shutil.copyfile(spm, built["dir"] / "sentencepiece.bpe.model")
+    return built
+
+
+BUILDERS = {"fsmt": build_fsmt, "marian": build_marian, "m2m100": build_m2m100, "nllb": build_nllb,
+            "mbart50": build_mbart50}
 
 if __name__ == "__main__":
     family, out, src, tgt = sys.argv[1:5]

@@ -20,6 +20,7 @@ from .errors import UserError
 
 SETTINGS_FILE = "hprune.yaml"
 SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe")  # what hprune.yaml may hold, and `source`
+LANGUAGES = "languages"  # and, for a multilingual model, its language codes: {code: the token that marks it}
 HF_CONFIG = "config.json"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -37,6 +38,12 @@ HF_FAMILIES = {
                      ("tokenizer_config.json", "generation_config.json")),
     "marian": HfFamily("MarianMTModel", ("source.spm", "target.spm", "vocab.json"),
                        ("tokenizer_config.json", "generation_config.json", "target_vocab.json")),
+    # M2M100 and NLLB-200 (an M2M100 model with NLLB's tokenizer): the ids in vocab.json (M2M100) or tokenizer.json
+    "m2m_100": HfFamily("M2M100ForConditionalGeneration", ("sentencepiece.bpe.model",),
+                        ("vocab.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                         "generation_config.json")),
+    "mbart": HfFamily("MBartForConditionalGeneration", ("sentencepiece.bpe.model",),
+                      ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")),
 }
 
 
@@ -47,7 +54,7 @@ def read_settings(folder: Path) -> dict:
     if not path.is_file():
         return {}
     settings = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
-    unknown = set(settings) - set(SETTINGS) - {"source"}
+    unknown = set(settings) - set(SETTINGS) - {"source", LANGUAGES}
     if unknown:
         raise UserError(f"{path}: unknown setting(s) {sorted(unknown)}; it may hold {', '.join(SETTINGS)}")
     return settings

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from . import backend
 from .data.kinds import DataKind, get_kind
-from .data.prepare import model_languages, prepare, test_set_of
+from .data.prepare import model_languages, prefixes, prepare, test_set_of
 from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class Session:
     def __init__(self, data: DictConfig, loaded: backend.Loaded, data_bin: Path, precision: str = "fp32",
                  tensorboard: bool = False, criterion=None, kind: Optional[DataKind] = None):
         self.data, self.loaded, self.data_bin = data, loaded, data_bin
+        self.loaded.target_prefix = prefixes(data)[1]
         self.precision, self.tensorboard = precision, tensorboard
         self.kind = kind or get_kind(data)
         self._criterion = criterion
@@ -73,6 +74,11 @@ class Session:
     @property
     def device(self) -> str:
         return self.loaded.device
+
+    @property
+    def language_marks(self) -> frozenset:
+        """The tokens a multilingual model's sentences start with (their languages'), which are no word."""
+        return frozenset(token for token in prefixes(self.data) if token)
 
     @property
     def pad(self) -> int:

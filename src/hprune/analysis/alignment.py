@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence, Set, Tuple
+from typing import Collection, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import pandas as pd
@@ -82,11 +82,15 @@ def corpus_aer(predicted: Sequence[Links], reference: Sequence[tuple]) -> float:
     return float(1 - (a_sure + a_possible) / max(a + sure, 1))
 
 
-def word_ids(pieces: Sequence[str], post_process: Optional[str]) -> List[int]:
+def word_ids(pieces: Sequence[str], post_process: Optional[str], marks: Collection[str] = ()) -> List[int]:
     """Each piece's word index: BPE pieces continue their word after `@@`, sentencepiece pieces start one at
-    `▁`; without subwords every token is a word."""
+    `▁`; without subwords every token is a word. `marks` (a multilingual model's language tokens) belong to no
+    word: -1."""
     ids, word = [], -1
     for i, piece in enumerate(pieces):
+        if piece in marks:
+            ids.append(-1)
+            continue
         if post_process == "sentencepiece":
             word += 1 if piece.startswith("\u2581") or i == 0 else 0
         else:
@@ -95,10 +99,12 @@ def word_ids(pieces: Sequence[str], post_process: Optional[str]) -> List[int]:
     return ids
 
 
-def word_texts(pieces: Sequence[str], post_process: Optional[str]) -> List[str]:
+def word_texts(pieces: Sequence[str], post_process: Optional[str], marks: Collection[str] = ()) -> List[str]:
     """The words the pieces join into (their subword marks removed): the tokenized text."""
     joined: List[str] = []
-    for piece, word in zip(pieces, word_ids(pieces, post_process)):
+    for piece, word in zip(pieces, word_ids(pieces, post_process, marks)):
+        if word < 0:
+            continue
         text = piece.replace("\u2581", "") if post_process == "sentencepiece" else \
             piece[:-2] if post_process == "subword_nmt" and piece.endswith("@@") else piece
         joined[word:] = [joined[word] + text] if word < len(joined) else [text]
@@ -127,7 +133,8 @@ def eflomal_alignments(source: Sequence[Sequence[str]], target: Sequence[Sequenc
 def head_links(weights: torch.Tensor, source_words: Sequence[int], target_words: Sequence[int]) -> List[Links]:
     """weights: (heads, target pieces + EOS, source pieces + EOS) of one sentence; each head's word links."""
     argmax = weights[:, :len(target_words)].argmax(-1).tolist()  # the EOS row aligns nothing
-    return [{(source_words[s], target_words[t]) for t, s in enumerate(row) if s < len(source_words)} for row in argmax]
+    return [{(source_words[s], target_words[t]) for t, s in enumerate(row)
+             if s < len(source_words) and min(source_words[s], target_words[t]) >= 0} for row in argmax]
 
 
 class AlignmentStats:

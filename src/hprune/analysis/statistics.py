@@ -5,7 +5,7 @@ the table of every head's roles with its confidence (and LRP relevance), and the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Collection, Iterable, Optional
 
 import pandas as pd
 import torch
@@ -27,9 +27,10 @@ def rank_correlation(a: pd.Series, b: pd.Series) -> float:
 
 def head_statistics(model, batches: Iterable[dict], pad: int, source_count: Callable[[int], int], dictionaries: tuple,
                     post_process: Optional[str], arcs: Optional[list], alignments: Optional[list], dump: int,
-                    dump_dir: Path) -> tuple:
+                    dump_dir: Path, marks: Collection[str] = ()) -> tuple:
     """One teacher-forced pass over `batches`: each attention sublayer's role statistics ({(type, layer):
-    stats}), the sentences whose arcs do not fit their tokens (subwords), and how many maps were dumped."""
+    stats}), the sentences whose arcs do not fit their tokens (subwords), and how many maps were dumped.
+    `marks`: tokens that are no word (a multilingual model's language tokens), left out of the alignments."""
     source_dict, target_dict = dictionaries
     modules = list(model.attention_modules())
     measures = {"enc-self": RoleStats, "dec-self": PreviousTokenStats, "dec-enc": AlignmentStats}
@@ -55,7 +56,8 @@ def head_statistics(model, batches: Iterable[dict], pad: int, source_count: Call
                 source = [source_dict[t] for t in words]
                 target_pieces = [target_dict[t] for t in target[:length - 1].tolist()]
                 aligned = alignments is not None and sentence_id < len(alignments)
-                words_of = (word_ids(source, post_process), word_ids(target_pieces, post_process)) if aligned else None
+                words_of = (word_ids(source, post_process, marks), word_ids(target_pieces, post_process, marks)) \
+                    if aligned else None
                 maps = {}
                 for attn_type, layer, m in modules:
                     rows, columns = (real, real) if attn_type == "enc-self" else (slice(length), real if attn_type == "dec-enc"

@@ -79,15 +79,16 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
             if "net_input" not in sample:
                 continue
             timer.start()
-            hypos = task.inference_step(generator, [model], sample)
+            hypos = task.inference_step(generator, [model], sample, prefix_tokens=_prefix(loaded, sample))
             timer.stop(sum(len(h[0]["tokens"]) for h in hypos))
             for i, sample_id in enumerate(sample["id"].tolist()):
                 best = hypos[i][0]
                 # the hypothesis string of fairseq-generate's post_process_prediction, without its re-encoding of
                 # that string with add_if_not_exist=True, which with BPE removal adds every de-BPE'd word to the
                 # target dictionary, so the next generator built here would expect a larger vocabulary
-                text = task.target_dictionary.string(best["tokens"].int().cpu(), cfg.common_eval.post_process,
-                                                     extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator))
+                text = task.target_dictionary.string(
+                    best["tokens"].int().cpu(), cfg.common_eval.post_process,
+                    extra_symbols_to_ignore=get_symbols_to_strip_from_output(generator) | set(loaded.prefix_ids()))
                 hypotheses[sample_id] = decode(text)
                 ids = best["tokens"].tolist()
                 symbols[sample_id] = [task.target_dictionary[t] for t in _without_eos(ids, generator.eos)]
@@ -97,6 +98,15 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
         raise RuntimeError(f"{missing} of {len(dataset)} {split} sentences were not translated")
     return BeamSearchResult([hypotheses[i] for i in range(len(dataset))], [symbols[i] for i in range(len(dataset))],
                         len(hypotheses), timer.n, timer.sum)
+
+
+def _prefix(loaded: Loaded, sample: dict) -> Optional[torch.Tensor]:
+    """The forced first target tokens of a batch (fairseq's prefix_tokens), or None."""
+    ids = loaded.prefix_ids()
+    if not ids:
+        return None
+    tokens = sample["net_input"]["src_tokens"]
+    return torch.tensor(ids, device=tokens.device).expand(tokens.size(0), len(ids))
 
 
 def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: Optional[int] = None,
@@ -186,8 +196,9 @@ def translate_each(loaded: Loaded, gen: DictConfig, sources: List[List[str]], se
     hypotheses = []
     for symbols in sources:
         ids = _ids(source, symbols).unsqueeze(0)
-        sample = {"net_input": {"src_tokens": ids, "src_lengths": torch.tensor([ids.size(1)])}}
-        best = loaded.task.inference_step(generator, [loaded.model], _on_device(loaded, sample))[0][0]["tokens"].tolist()
+        sample = _on_device(loaded, {"net_input": {"src_tokens": ids, "src_lengths": torch.tensor([ids.size(1)])}})
+        best = loaded.task.inference_step(generator, [loaded.model], sample,
+                                          prefix_tokens=_prefix(loaded, sample))[0][0]["tokens"].tolist()
         hypotheses.append([target[t] for t in _without_eos(best, target.eos())])
     return hypotheses
 
@@ -250,7 +261,8 @@ def symbols_to_text(loaded: Loaded, post_process: Optional[str] = None,
     detok = _detokenizer(tokenizer, loaded.cfg.task.source_lang, loaded.cfg.task.target_lang)
 
     def text(symbols: List[str]) -> str:
-        line = dictionary.string(torch.tensor([dictionary.index(s) for s in symbols], dtype=torch.long), post_process)
+        line = dictionary.string(torch.tensor([dictionary.index(s) for s in symbols], dtype=torch.long), post_process,
+                                 extra_symbols_to_ignore=set(loaded.prefix_ids()))
         return detok.decode(line) if detok is not None else line
     return text
 

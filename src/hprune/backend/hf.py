@@ -8,6 +8,18 @@ Transformer with `model.` before every key and rewritten vocabularies; both are 
     is fairseq's `ab`, any other piece `ab` is fairseq's `ab@@`; ids are kept, so no weight row moves
   - merges.txt: subword-nmt (version 0.2) codes, the same merge rule FSMT's tokenizer applies
 
+M2M100, NLLB-200 and mBART-50 (`M2M100ForConditionalGeneration`, `MBartForConditionalGeneration`) are fairseq's
+pre-norm Transformer with every embedding shared, converted from fairseq without reordering a row:
+  - weights: `model.<fairseq key>` -> `<fairseq key>`, `lm_head` -> the output projection; M2M100's sinusoidal
+    positions are recomputed by fairseq (the same table, offset 2), mBART's learned ones (offset 2) and its
+    layernorm_embedding are kept as they are
+  - the vocabulary: one dictionary, dict.txt, in the model's id order (tokenizer.json, or M2M100's vocab.json
+    followed by its language tokens), made-up words up to vocab_size as fairseq pads a dictionary; the
+    sentencepiece model that segments the text for it
+  - languages: multilingual, so the pair is chosen at use (data.src_lang, data.tgt_lang); hprune.yaml lists the
+    codes and the tokens that mark them: the source starts with its language's token and the decoder is made
+    to emit the target language's first (a forced first token), as these tokenizers and `generate` do
+
 Weights are read with safetensors (no pickle) or, for an older `pytorch_model.bin`, with torch's weights-only
 unpickler; transformers itself is not needed to import.
 """
@@ -18,7 +30,7 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -70,12 +82,14 @@ def _write_dictionary(tokens: list[str], path: Path) -> None:
     write_atomic(path, "".join(f"{token} {len(tokens) - i}\n" for i, token in enumerate(tokens)))
 
 
-def _argv(config: dict, langs: tuple[str, str], dest: Path, flags: list[str]) -> list[str]:
-    """fairseq's command line for an FSMT or Marian config (their keys are the same BART-style names)."""
+def _argv(config: dict, langs: Optional[tuple[str, str]], dest: Path, flags: list[str]) -> list[str]:
+    """fairseq's command line for a BART-style config (FSMT, Marian, M2M100, mBART share the key names); langs:
+    None for a multilingual model (the pair is chosen at use)."""
     activation = config.get("activation_function", "relu")
     if activation not in ACTIVATIONS:
         raise UserError(f"activation '{activation}' has no fairseq equivalent; hprune imports {', '.join(ACTIVATIONS)}")
-    argv = [str(dest), "--task", "translation", "--source-lang", langs[0], "--target-lang", langs[1],
+    argv = [str(dest), "--task", "translation",
+            *(["--source-lang", langs[0], "--target-lang", langs[1]] if langs else []),
             "--arch", "hprune_transformer", "--user-dir", PLUGIN_DIR,
             "--encoder-embed-dim", str(config["d_model"]), "--decoder-embed-dim", str(config["d_model"]),
             "--encoder-ffn-embed-dim", str(config["encoder_ffn_dim"]),
@@ -94,7 +108,7 @@ def _argv(config: dict, langs: tuple[str, str], dest: Path, flags: list[str]) ->
     return argv
 
 
-def _save(config: dict, langs: tuple[str, str], weights: dict, staging: Path, flags: list[str]) -> None:
+def _save(config: dict, langs: Optional[tuple[str, str]], weights: dict, staging: Path, flags: list[str]) -> None:
     """model.pt in the legacy `args` layout fairseq's loaders and hprune's read alike."""
     from fairseq import options
 
@@ -220,8 +234,128 @@ def _import_marian(folder: Path, config: dict, staging: Path) -> dict:
     return {"tokenizer": "none"}  # Marian's tokenizer puts raw text into sentencepiece
 
 
+# M2M100's language codes, in the order its tokenizer appends their tokens __xx__ after vocab.json (a folder's
+# tokenizer_config.json names the list: language_codes); NLLB's and mBART-50's are in their tokenizer.json
+M2M100_LANGUAGES = {
+    "m2m100": "af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "
+              "hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns "
+              "oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh zu",
+    "wmt21": "en ha is ja cs ru zh de"}
+# mBART-50's, in the order MBart50Tokenizer appends them after the sentencepiece pieces (then <mask>), for a
+# folder without tokenizer.json
+MBART50_LANGUAGES = ("ar_AR cs_CZ de_DE en_XX es_XX et_EE fi_FI fr_XX gu_IN hi_IN it_IT ja_XX kk_KZ ko_KR lt_LT lv_LV "
+                     "my_MM ne_NP nl_XX ro_RO ru_RU si_LK tr_TR vi_VN zh_CN af_ZA az_AZ bn_IN fa_IR he_IL hr_HR id_ID "
+                     "ka_GE km_KH mk_MK ml_IN mn_MN mr_IN pl_PL ps_AF pt_XX sv_SE sw_KE ta_IN te_IN th_TH tl_XX uk_UA "
+                     "ur_PK xh_ZA gl_ES sl_SI")
+NOT_LANGUAGES = {"<mask>"}
+
+
+def _tokenizer_json_ids(path: Path) -> dict[int, str]:
+    tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    ids = dict(enumerate(piece for piece, _ in vocab)) if isinstance(vocab, list) else \
+        {i: token for token, i in vocab.items()}
+    ids.update({added["id"]: added["content"] for added in tokenizer.get("added_tokens", [])})
+    return ids
+
+
+def _multilingual_vocabulary(folder: Path, config: dict) -> tuple[list[str], dict[str, str]]:
+    """The model's tokens in id order, padded to vocab_size, and its languages {code: token}."""
+    settings = json.loads((folder / "tokenizer_config.json").read_text()) \
+        if (folder / "tokenizer_config.json").is_file() else {}
+    languages: dict[str, str] = {}
+    if (folder / "tokenizer.json").is_file():  # NLLB, mBART-50: the languages are the added tokens past the specials
+        ids = _tokenizer_json_ids(folder / "tokenizer.json")
+        added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
+        languages = {a["content"]: a["content"] for a in added
+                     if a["content"] not in FAIRSEQ_SPECIALS and a["content"] not in NOT_LANGUAGES}
+    elif config.get("model_type") == "mbart":
+        # mBART-50 without tokenizer.json: fairseq's ids (the pieces + 1), then its language codes, then <mask>
+        import sentencepiece
+        pieces = sentencepiece.SentencePieceProcessor(model_file=str(folder / "sentencepiece.bpe.model"))
+        ids = dict(enumerate(FAIRSEQ_SPECIALS))
+        ids.update({i + 1: pieces.id_to_piece(i) for i in range(3, pieces.get_piece_size())})
+        for code in MBART50_LANGUAGES.split():
+            ids[len(ids)] = languages[code] = code
+        ids[len(ids)] = "<mask>"
+    elif (folder / "vocab.json").is_file():  # M2M100: vocab.json, then its language tokens
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        ids = {i: token for token, i in vocab.items()}
+        codes = M2M100_LANGUAGES.get(settings.get("language_codes", "m2m100"))
+        if codes is None:
+            raise UserError(f"{folder}/tokenizer_config.json: language_codes={settings['language_codes']!r} is not "
+                            f"one M2M100's tokenizer knows ({', '.join(M2M100_LANGUAGES)})")
+        for i, code in enumerate(codes.split()):
+            ids[len(vocab) + i] = languages[code] = f"__{code}__"
+    else:
+        raise UserError(f"{folder} has neither tokenizer.json nor vocab.json: an M2M100 / NLLB model's ids are in one "
+                        "of them (save the tokenizer with save_pretrained into the same folder)")
+    size = config["vocab_size"]
+    if sorted(ids) != list(range(len(ids))) or tuple(ids.get(i) for i in range(4)) != FAIRSEQ_SPECIALS:
+        raise UserError(f"{folder}: the tokenizer's ids are not fairseq's ({', '.join(FAIRSEQ_SPECIALS)} first, then "
+                        "every id once); pass the folder save_pretrained wrote")
+    if len(ids) > size:
+        raise UserError(f"{folder}: the tokenizer has {len(ids)} tokens but config.json says vocab_size={size}; the "
+                        "files are not one model's")
+    tokens = [ids[i] for i in range(len(ids))] + [f"madeupword{i:04d}" for i in range(size - len(ids))]
+    if len(set(tokens)) != len(tokens):
+        raise UserError(f"{folder}: the tokenizer maps two ids to one token; pass the folder save_pretrained wrote")
+    if not languages:
+        raise UserError(f"{folder}: the tokenizer names no language tokens; pass the folder save_pretrained wrote")
+    return tokens, languages
+
+
+def _import_multilingual(folder: Path, config: dict, staging: Path, learned_positions: bool) -> dict:
+    tokens, languages = _multilingual_vocabulary(folder, config)
+    weights = {key.removeprefix("model."): tensor for key, tensor in _weights(folder).items()}
+    shared = weights.pop("shared.weight", None)
+    for side in ("encoder", "decoder"):
+        weights.setdefault(f"{side}.embed_tokens.weight", shared)
+        if not learned_positions:
+            weights.pop(f"{side}.embed_positions.weights", None)  # older files keep the sinusoids fairseq recomputes
+            weights.pop(f"{side}.embed_positions.weight", None)
+    embeddings = weights["decoder.embed_tokens.weight"]
+    if embeddings is None or embeddings.shape[0] != len(tokens):
+        rows = None if embeddings is None else embeddings.shape[0]
+        raise UserError(f"{folder}: the weights embed {rows} tokens but config.json says vocab_size={len(tokens)}; "
+                        "the files are not one model's")
+    weights["encoder.embed_tokens.weight"] = weights["decoder.embed_tokens.weight"]
+    head = weights.pop("lm_head.weight", None)
+    weights["decoder.output_projection.weight"] = embeddings if head is None or config.get("tie_word_embeddings", True) \
+        else head
+    flags = ["--share-all-embeddings", "--encoder-normalize-before", "--decoder-normalize-before"]
+    bias = weights.pop("final_logits_bias", None)
+    if bias is not None and bias.abs().max() > 0:  # zero in the published models
+        weights["decoder.output_projection.bias"] = bias.reshape(-1)
+        flags.append("--output-bias")
+    if learned_positions:
+        flags += ["--encoder-learned-pos", "--decoder-learned-pos", "--layernorm-embedding"]
+    _write_dictionary(tokens[4:], staging / "dict.txt")
+    shutil.copyfile(folder / "sentencepiece.bpe.model", staging / "sentencepiece.bpe.model")
+    _save(config, None, weights, staging, flags)
+    # the text as the tokenizer takes it: raw into sentencepiece (its own normalisation)
+    return {"tokenizer": "none", "languages": dict(sorted(languages.items()))}
+
+
+def _import_m2m_100(folder: Path, config: dict, staging: Path) -> dict:
+    return _import_multilingual(folder, config, staging, learned_positions=False)
+
+
+def _import_mbart(folder: Path, config: dict, staging: Path) -> dict:
+    settings = json.loads((folder / "tokenizer_config.json").read_text()) \
+        if (folder / "tokenizer_config.json").is_file() else {}
+    if settings.get("tokenizer_class", "MBart50Tokenizer").removesuffix("Fast") != "MBart50Tokenizer":
+        raise UserError(f"{folder} holds an mBART model with {settings['tokenizer_class']} (mBART-25 puts the language "
+                        "after the sentence and starts the decoder with it); hprune imports mBART-50's layout "
+                        "(MBart50Tokenizer)")
+    if config.get("decoder_start_token_id", 2) != 2:
+        raise UserError(f"{folder}: config.json starts the decoder with id {config['decoder_start_token_id']}; "
+                        "mBART-50 and hprune start it with </s> (id 2)")
+    return _import_multilingual(folder, config, staging, learned_positions=True)
+
+
 IMPORTERS: dict[str, Callable[[Path, dict, Path], dict]] = {  # (folder, config, staging) -> hprune.yaml settings
-    "fsmt": _import_fsmt, "marian": _import_marian}
+    "fsmt": _import_fsmt, "marian": _import_marian, "m2m_100": _import_m2m_100, "mbart": _import_mbart}
 
 
 def import_hf(folder: Path, models_root: Path) -> Path:

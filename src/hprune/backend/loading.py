@@ -64,6 +64,12 @@ class Loaded:
     path: Path
     device: str
     imported_from: Optional[str] = None  # the fairseq arch of a stock checkpoint, run as hprune_transformer
+    # a multilingual model's target language token: every translation starts with it (the decoder is made to emit
+    # it first, as transformers' forced_bos_token_id); the binarized targets start with it too
+    target_prefix: Optional[str] = None
+
+    def prefix_ids(self) -> list[int]:
+        return [self.task.target_dictionary.index(self.target_prefix)] if self.target_prefix else []
 
 
 @dataclass

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from ..errors import UserError
 from ..files import build_once, write_atomic
+from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings
 from . import databin
 from .kinds import DataKind, get_kind
 
@@ -32,6 +33,19 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
     """The data config for one model: a model's own data (pretrained, databin) completes its settings from the
     model's folder or the data-bin (languages as the checkpoint records them); toy and wmt are as given."""
     return get_kind(data).bound(data, checkpoint, languages)
+
+
+def prefixes(data: DictConfig) -> tuple[Optional[str], Optional[str]]:
+    """The tokens put before each source and each target sentence (a multilingual model's language tokens: the
+    data kind binds them), or None."""
+    return tuple(None if data.get(key) in (None, "auto") else str(data[key]) for key in ("source_prefix", "target_prefix"))
+
+
+def multilingual_needs_languages(folder, tokens: dict) -> str:
+    codes = list(tokens)
+    return (f"{folder} holds a multilingual model: say which pair to translate, e.g. data.src_lang={codes[0]} "
+            f"data.tgt_lang={codes[min(1, len(codes) - 1)]} (its {len(codes)} language codes are in "
+            f"{Path(folder) / SETTINGS_FILE})")
 
 
 def model_languages(data: DictConfig, checkpoint, kind: Optional[DataKind] = None) -> tuple[str, str]:
@@ -48,6 +62,9 @@ def model_languages(data: DictConfig, checkpoint, kind: Optional[DataKind] = Non
     if len(trained_on) == 1:
         return trained_on[0]
     folder = Path(data.model_dir) if data.get("model_dir") else checkpoint.path.parent
+    tokens = read_settings(folder).get(LANGUAGES)
+    if tokens:
+        raise UserError(multilingual_needs_languages(folder, tokens))
     sizes = {path.name[5:-4]: 4 + sum(1 for line in path.open(encoding="utf-8") if line.strip())  # + fairseq's 4 specials
              for path in sorted(folder.glob("dict.*.txt"))}
     matching = [(a, b) for a in sizes for b in sizes if a != b and (sizes[a], sizes[b]) == checkpoint.vocabulary_sizes]

@@ -24,9 +24,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import UserError
 from ..files import write_json
-from ..model_folder import SETTINGS_FILE, read_settings
+from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings
 from . import testsets
 from .kinds import DataKind, register_kind
+from .prepare import multilingual_needs_languages, prefixes
 from .processing import fastbpe_codes_to_subword_nmt, line_function
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ TOKENIZERS = ("moses", None, "none")  # Moses; Moses' punctuation normalisation 
 BPE_KINDS = ("auto", "subword_nmt", "fastbpe", "sentencepiece", "none")
 POST_PROCESS = {"subword_nmt": "subword_nmt", "fastbpe": "subword_nmt", "sentencepiece": "sentencepiece", "none": None}
 FORMAT_VERSION = 1  # bump when the preparation changes for the same inputs
+JOINT_DICTIONARY = "dict.txt"  # a multilingual model's dictionary, used for every language it has
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,16 @@ def model_files(data: DictConfig) -> ModelFiles:
     if not folder.is_dir():
         raise UserError(f"data.model_dir={folder} is not a folder; pass the folder the model's tarball unpacked to")
     missing = [f"dict.{lang}.txt" for lang in (src, tgt) if not (folder / f"dict.{lang}.txt").is_file()]
+    joint = folder / JOINT_DICTIONARY
+    if missing and joint.is_file():  # a multilingual model's one dictionary, whichever the pair
+        missing = []
     if missing:
         have = ", ".join(sorted(p.name for p in folder.glob("dict.*.txt"))) or "no dictionaries"
         raise UserError(f"{folder} has no {' or '.join(missing)} (it has {have}): data=pretrained encodes with the "
                         f"model's own {src}-{tgt} dictionaries, as its tarball ships them; pass data.model_dir=<that "
                         "folder>, or data=databin data.path=<the data-bin the model was trained on>")
-    dictionaries = (folder / f"dict.{src}.txt", folder / f"dict.{tgt}.txt")
+    dictionaries = tuple(folder / f"dict.{lang}.txt" if (folder / f"dict.{lang}.txt").is_file() else joint
+                         for lang in (src, tgt))
     codes = next((folder / n for n in CODES_FILES if (folder / n).is_file()), None)
     shared_spm = next((folder / n for n in SENTENCEPIECE_FILES if (folder / n).is_file()), None)
     spm = tuple(next((folder / n.format(lang=lang) for n in SIDE_SENTENCEPIECE if (folder / n.format(lang=lang)).is_file()),
@@ -104,18 +110,34 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
         data.model_dir = str(Path(folder).expanduser().absolute())
         data.src_lang = data.src_lang or languages[0]
         data.tgt_lang = data.tgt_lang or languages[1]
+        settings = read_settings(Path(data.model_dir))
+        tokens = settings.pop(LANGUAGES, None)
         if not (data.src_lang and data.tgt_lang):
-            raise UserError("data=pretrained without a checkpoint needs the languages: data.src_lang=.. data.tgt_lang=..")
-        for key, value in read_settings(Path(data.model_dir)).items():
+            raise UserError(multilingual_needs_languages(data.model_dir, tokens) if tokens else
+                            "data=pretrained without a checkpoint needs the languages: data.src_lang=.. data.tgt_lang=..")
+        for key, value in settings.items():
             current = data.get(key)
             if current == "auto" or (current is None and key.endswith("_sets")):
                 data[key] = value
+        for key, lang in (("source_prefix", data.src_lang), ("target_prefix", data.tgt_lang)):
+            if data.get(key, "auto") == "auto":
+                data[key] = language_token(tokens, lang, data.model_dir) if tokens else None
         data.bpe = model_files(data).bpe
         if data.get("tokenizer") == "auto":  # the recipes: Moses before BPE codes, normalised text into sentencepiece
             data.tokenizer = None if data.bpe == "sentencepiece" else "moses"
         if data.get("post_process") in (None, "auto"):
             data.post_process = POST_PROCESS[data.bpe]
     return data
+
+
+def language_token(tokens: dict, lang: str, folder) -> str:
+    """The token that marks `lang` in a multilingual model, or one line with the closest codes it has."""
+    if lang in tokens:
+        return tokens[lang]
+    import difflib
+    close = difflib.get_close_matches(lang, list(tokens), n=5, cutoff=0.3) or list(tokens)[:5]
+    raise UserError(f"the model in {folder} has no language '{lang}'; the closest of its {len(tokens)} codes: "
+                    f"{', '.join(close)} (all in {Path(folder) / SETTINGS_FILE})")
 
 
 def _entries(data: DictConfig, key: str) -> list:
@@ -171,7 +193,8 @@ def config_key(data: DictConfig) -> str:
     key = {"splits": splits(data), "langs": [data.src_lang, data.tgt_lang], "tokenizer": data.tokenizer,
            "bpe": files.bpe, "dicts": [_digest(p) for p in files.dictionaries],
            "codes": [_digest(p) if p else None for p in files.codes], "own": own, "format": FORMAT_VERSION,
-           "checks": [data.max_unk_pct, data.max_pieces_per_word]}
+           "checks": [data.max_unk_pct, data.max_pieces_per_word],
+           **({"prefixes": prefixes(data)} if any(prefixes(data)) else {})}
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -239,6 +262,10 @@ def build(data: DictConfig, staging: Path) -> dict:
     segmenters = [_segmenter(files, 0, staging)]
     segmenters.append(segmenters[0] if files.codes[1] == files.codes[0] else _segmenter(files, 1, staging))
     counts, sentences, names = {}, {}, {}
+    marks = [f"{token} " if token else "" for token in prefixes(data)]
+    for side, token in enumerate(prefixes(data)):
+        if token and token not in vocab[(src, tgt)[side]]:
+            raise UserError(f"data.{('source', 'target')[side]}_prefix={token} is not in {files.dictionaries[side]}")
     for split, entries in splits(data).items():
         pairs = [_read(entry, src, tgt) for entry in entries]
         for side, lang in enumerate((src, tgt)):
@@ -249,7 +276,7 @@ def build(data: DictConfig, staging: Path) -> dict:
             counts[split, lang] = {"words": sum(len(w.split()) for w in words), "pieces": len(tokens),
                                    "unk": sum(t not in vocab[lang] for t in tokens)}
             (raw / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            (text / f"{split}.{lang}").write_text("".join(line + "\n" for line in pieces), encoding="utf-8")
+            (text / f"{split}.{lang}").write_text("".join(marks[side] + line + "\n" for line in pieces), encoding="utf-8")
         sentences[split] = sum(len(pair[0]) for pair in pairs)
         names[split] = ", ".join(_describe(e) for e in entries)
     check_fit(counts, data, files)
@@ -260,6 +287,7 @@ def build(data: DictConfig, staging: Path) -> dict:
         path.unlink()
     text.rmdir()
     summary = {"name": data.name, "pair": f"{src}-{tgt}", "model_dir": str(files.folder), "bpe": files.bpe,
+               **dict(zip(("source_prefix", "target_prefix"), prefixes(data))),
                "codes": [str(p) if p else None for p in files.codes], "splits": sentences,
                "test_sets": {s: names[s] for s in tests}, "sets": names,
                "encoding": {f"{split}.{lang}": {**c, "unk_pct": round(100 * c["unk"] / max(c["pieces"], 1), 3)}

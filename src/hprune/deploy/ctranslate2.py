@@ -273,10 +273,18 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
         encode = "tokens = [line.split() for line in lines]  # text already in the model's tokens"
         join = ".replace('@@ ', '')" if data.get("post_process") == "subword_nmt" else ""
         decode = f"text = [' '.join(h.hypotheses[0]){join} for h in results]"
+    source_prefix, target_prefix = (data.get(key) if data.get(key) not in (None, "auto") else None
+                                    for key in ("source_prefix", "target_prefix"))
+    if source_prefix:  # a multilingual model: its language tokens, as its tokenizer and generate() place them
+        encode += f"\ntokens = [['{source_prefix}'] + t for t in tokens]  # the source language's token first"
+    options = "beam_size=4"
+    if target_prefix:
+        options = f"target_prefix=[['{target_prefix}']] * len(tokens), beam_size=4  # translations start with it"
+        decode = decode.replace("h.hypotheses[0]", "h.hypotheses[0][1:]")
     return (f"# A CTranslate2 model ({src} -> {tgt}, weights {quantization}) written by `hprune export`\n\n"
             "```python\nimport ctranslate2\n"
             f"translator = ctranslate2.Translator('.', device='cpu')  # or device='cuda', compute_type='float16'\n"
-            f"{encode}\nresults = translator.translate_batch(tokens, beam_size=4)\n{decode}\n```\n\n"
+            f"{encode}\nresults = translator.translate_batch(tokens, {options})\n{decode}\n```\n\n"
             f"Subword files: {', '.join(subword_files) or 'none (the synthetic task is written in its tokens)'}"
             + (f" ({bpe})" if bpe else "") + ".\n")
 
@@ -289,18 +297,25 @@ def length_limits(sources: Sequence[Sequence[str]], generation, max_positions: i
             for source in sources]
 
 
+def _prefixed(prefix: Optional[str], count: int) -> dict:
+    """translate_batch's target_prefix: a multilingual model's target language token, which its translations
+    start with (and keep, as hprune's do)."""
+    return {"target_prefix": [[prefix]] * count} if prefix else {}
+
+
 def translate(model_dir: str, sources: List[List[str]], generation, limits: List[int], device: str = "cpu",
-              threads: int = 0) -> List[List[str]]:
+              threads: int = 0, prefix: Optional[str] = None) -> List[List[str]]:
     """Beam search in CTranslate2 with hprune's generation settings: beam, length penalty, minimum length and
-    each sentence's length limit (`limits`). Sentences that share a limit are translated in one call. The best
-    hypothesis of each, as target symbols."""
+    each sentence's length limit (`limits`), from the target `prefix` where there is one. Sentences that share a
+    limit are translated in one call. The best hypothesis of each, as target symbols."""
     translator = _ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
     hypotheses: List[List[str]] = [[] for _ in sources]
     for length in sorted(set(limits)):
         ids = [i for i, n in enumerate(limits) if n == length]
         results = translator.translate_batch([sources[i] for i in ids], beam_size=generation.beam,
                                              length_penalty=generation.lenpen, min_decoding_length=generation.min_len,
-                                             max_decoding_length=length, max_batch_size=64)
+                                             max_decoding_length=length, max_batch_size=64,
+                                             **_prefixed(prefix, len(ids)))
         for i, result in zip(ids, results):
             hypotheses[i] = result.hypotheses[0]
     return hypotheses
@@ -374,7 +389,7 @@ def normalised(log_probs: Sequence[float], lenpen: float) -> float:
 
 def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]], generation, limits: List[int],
                  references: Sequence[Tuple[List[str], List[str]]], hprune: Reference, exact: bool,
-                 device: str = "cpu", threads: int = 0) -> Tuple[List[List[str]], Parity]:
+                 device: str = "cpu", threads: int = 0, prefix: Optional[str] = None) -> Tuple[List[List[str]], Parity]:
     """Translate `sources` with the float32 export at `model_dir` and set its translations against hprune's
     (`ours`, target symbols), sentence by sentence, those that reach the length limit apart from those that end
     before it. The log-probabilities of the `references` and of every translation that differs are compared
@@ -382,9 +397,9 @@ def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]]
     once neither keeps eos out of the first steps (min_len 0, one sentence at a time, each with its own
     limit: the other design difference), or when what they then pick scores the same to SCORE_TOLERANCE (a
     tie, which rounding breaks either way). exact: hprune's model runs in fp32 (otherwise nothing is
-    classified, as half precision alone can part the searches). Returns the export's translations and the
-    Parity."""
-    theirs = translate(model_dir, sources, generation, limits, device, threads)
+    classified, as half precision alone can part the searches). prefix: the target language token both
+    runtimes start from (a multilingual model). Returns the export's translations and the Parity."""
+    theirs = translate(model_dir, sources, generation, limits, device, threads, prefix)
     parity = Parity(exact)
     differ = []
     for i, (mine, other) in enumerate(zip(ours, theirs)):
@@ -403,7 +418,7 @@ def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]]
         unmasked = OmegaConf.merge(generation, {"min_len": 0})
         retried = [sources[i] for i in differ]
         again = list(zip(hprune.translate_each(retried, unmasked),
-                         translate(model_dir, retried, unmasked, [limits[i] for i in differ], device, threads)))
+                         translate(model_dir, retried, unmasked, [limits[i] for i in differ], device, threads, prefix)))
         parted = [(i, pair) for i, pair in zip(differ, again) if pair[0] != pair[1]]
         scores = hprune.score_pairs([(sources[i], hypothesis) for i, pair in parted for hypothesis in pair])
         for n, (i, _) in enumerate(parted):
@@ -417,8 +432,8 @@ def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]]
 
 
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
-                    rounds: int = 2, device: str = "cpu",
-                    lengths: Tuple[Optional[int], ...] = (None,)) -> Dict[Optional[int], Dict[str, float]]:
+                    rounds: int = 2, device: str = "cpu", lengths: Tuple[Optional[int], ...] = (None,),
+                    prefix: Optional[str] = None) -> Dict[Optional[int], Dict[str, float]]:
     """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
     alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine), for
     each of `lengths` ({length: {model: sentences/s}}; each model loaded once). A length: every hypothesis
@@ -431,10 +446,11 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
     translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
                    for name, path in model_dirs.items()}
     for translator in translators.values():
-        translator.translate_batch(sources[:8], beam_size=beam)
+        translator.translate_batch(sources[:8], beam_size=beam, **_prefixed(prefix, len(sources[:8])))
     speed = {}
     for length in lengths:
         fixed = {} if length is None else {"min_decoding_length": length, "max_decoding_length": length}
+        fixed.update(_prefixed(prefix, len(sources)))
         best = {name: 0.0 for name in translators}
         for _ in range(rounds):
             for name, translator in translators.items():
@@ -458,6 +474,7 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     dest = out / "ctranslate2"
     shutil.rmtree(dest, ignore_errors=True)  # an export run again into the same run dir is written anew
     subwords = session.subword_files()
+    prefix = session.loaded.target_prefix
     sources = session.source_tokens(cfg.split)
     limits = length_limits(sources, cfg.generation, session.max_target_positions)
     with session.masked(mask):  # hprune's beam search on the masked model, the same split and settings
@@ -471,7 +488,7 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
             checked["translations"], checked["parity"] = check_parity(
                 str(staging), sources, masked.symbols, cfg.generation, limits,
                 session.sentence_pairs(cfg.split, PARITY_REFERENCES), evaluator,
-                exact=cfg.precision == "fp32", device=session.device, threads=cfg.threads)
+                exact=cfg.precision == "fp32", device=session.device, threads=cfg.threads, prefix=prefix)
         failure = checked["parity"].failure()
         if failure:
             raise UserError(f"{failure}; nothing was written (docs/deploy.md, 'Checked on every export')")
@@ -480,7 +497,7 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
                 path.unlink()
             save(model_spec(model, session.loaded.cfg.model, *session.dictionaries), staging, cfg.quantization)
             checked["translations"] = translate(str(staging), sources, cfg.generation, limits, session.device,
-                                                cfg.threads)
+                                                cfg.threads, prefix)
         for path in subwords:
             shutil.copy(path, staging / path.name)
         write_atomic(staging / "README.md", readme(session.data, [p.name for p in subwords], cfg.quantization))
@@ -499,7 +516,7 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
         models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
         length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
         measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads, device=session.device,
-                                   lengths=(None, length))
+                                   lengths=(None, length), prefix=prefix)
         speed = {"free": measured[None], "fixed": measured[length]}
     heads = stack_heads(model)
     alignment_layer, alignment_heads = alignment(model.decoder)

@@ -71,7 +71,8 @@ def eflomal_reference(cfg: DictConfig, session, name: str = "reference.align") -
         except UserError:  # a model's own data set may hold test sets only: the split alone, then
             pass
     post_process = session.data.get("post_process")
-    source, target = ([word_texts(side, post_process) for side in sides] for sides in zip(*(pairs + extra)))
+    source, target = ([word_texts(side, post_process, session.language_marks) for side in sides]
+                      for sides in zip(*(pairs + extra)))
     alignments = eflomal_alignments(source, target, len(pairs))
     return alignments, write_atomic(run_dir() / name, pharaoh_lines(alignments))
 
@@ -106,7 +107,7 @@ def analyze(cfg: DictConfig) -> dict:
                         "attention is made of MoA layers, whose experts do not keep them")
     stats, skipped_arcs, dumped = head_statistics(
         model, session.batches(cfg.split, cfg.max_tokens), session.pad, session.source_count, session.dictionaries,
-        session.data.get("post_process"), arcs, alignments, cfg.dump, run_dir() / "attention")
+        session.data.get("post_process"), arcs, alignments, cfg.dump, run_dir() / "attention", session.language_marks)
     roles, layer_aer = role_table(model, stats, lambda: session.batches(cfg.split, cfg.max_tokens), session.pad,
                                   session.eos, arcs is not None, cfg.alignment_max_aer, cfg.rare_min_share, cfg.lrp)
     if mask is not None:
