@@ -10,6 +10,7 @@ import copy
 import gc
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import fairseq
 import torch
@@ -119,16 +120,25 @@ def forget_best_checkpoint() -> None:
     vars(checkpoint_utils.save_checkpoint).pop("best", None)
 
 
-def upgrade_checkpoint(state: dict) -> DictConfig:
-    """fairseq's checkpoint upgrades (checkpoint_utils._upgrade_state_dict), returning the checkpoint's config. A
-    checkpoint of fairseq 0.6-0.9 holds only a legacy `args`, which the upgrade turns into a config with
-    convert_namespace_to_omegaconf: run through to_omegaconf, so that it works inside a Hydra app too."""
+@contextlib.contextmanager
+def legacy_checkpoints_readable() -> Iterator[None]:
+    """fairseq's checkpoint loading as it upgrades a legacy `args` checkpoint (fairseq 0.6-0.9, and hprune's
+    imports of Hugging Face models) with convert_namespace_to_omegaconf: through to_omegaconf, so that it works
+    inside a Hydra app too (fairseq-train restoring such a checkpoint in this process, hprune reading one)."""
     from fairseq import checkpoint_utils
 
     original = checkpoint_utils.convert_namespace_to_omegaconf
     checkpoint_utils.convert_namespace_to_omegaconf = to_omegaconf
     try:
-        return checkpoint_utils._upgrade_state_dict(state)["cfg"]
+        yield
     finally:
         checkpoint_utils.convert_namespace_to_omegaconf = original
+
+
+def upgrade_checkpoint(state: dict) -> DictConfig:
+    """fairseq's checkpoint upgrades (checkpoint_utils._upgrade_state_dict), returning the checkpoint's config."""
+    from fairseq import checkpoint_utils
+
+    with legacy_checkpoints_readable():
+        return checkpoint_utils._upgrade_state_dict(state)["cfg"]
 

@@ -22,7 +22,7 @@ from ..errors import JobFailed, UserError
 from ..files import replaced_atomically, write_atomic
 from ..launch import is_rank_zero, launched, worker_threads
 from ..rundir import AVERAGED, LAST
-from .compat import forget_best_checkpoint, frozen_heap, to_omegaconf
+from .compat import forget_best_checkpoint, frozen_heap, legacy_checkpoints_readable, to_omegaconf
 from .distributed import init_timeout, join_slurm_step, plan, process_group_timeout, rank_flags, start_workers
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ def _train_once_joined(cfg, label: str) -> None:
         log.info("%s: %s already holds all %d updates", label, save_dir, max_update)
         metrics.reset()  # no speed to report for this call
         return
-    fairseq_train.main(cfg)
+    with legacy_checkpoints_readable():  # training may start from one (an imported Hugging Face model)
+        fairseq_train.main(cfg)
 
 
 def agree_on_resume_point(save_dir: Path, rank_zero: Optional[int]) -> None:
