@@ -224,4 +224,4 @@ def test_every_method_prunes_a_multilingual_model(nllb, tmp_path):
     assert metrics["voita"]["kept_heads"] <= 8  # of the 8 gated encoder self-attention heads
     import pandas as pd
     curve = pd.read_csv(tmp_path / "michel" / "curve.csv")
-    assert set(curve["method"]) == {"michel", "lrp", "confidence", "magnitude", "random"}
+    assert set(curve["order"]) == {"michel", "lrp", "confidence", "magnitude", "random"}
