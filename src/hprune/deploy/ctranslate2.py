@@ -433,23 +433,26 @@ def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]]
 
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
                     rounds: int = 2, device: str = "cpu", lengths: Tuple[Optional[int], ...] = (None,),
-                    prefix: Optional[str] = None) -> Dict[Optional[int], Dict[str, float]]:
+                    prefix: Optional[str] = None, max_length: int = 256) -> Dict[Optional[int], Dict[str, float]]:
     """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
     alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine), for
     each of `lengths` ({length: {model: sentences/s}}; each model loaded once). A length: every hypothesis
     decoded to exactly that many tokens, so that the models do the same steps (a pruned model that stops later,
     or loops to the limit, is otherwise slower for what it says, not for what it is); None: as the model
-    decodes."""
+    decodes, up to `max_length` tokens (CTranslate2's default, 256, or fewer for a model with fewer positions).
+    prefix: the target language token translations start from (a multilingual model)."""
     import time
 
     ctranslate2 = _ctranslate2()
     translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
                    for name, path in model_dirs.items()}
     for translator in translators.values():
-        translator.translate_batch(sources[:8], beam_size=beam, **_prefixed(prefix, len(sources[:8])))
+        translator.translate_batch(sources[:8], beam_size=beam, max_decoding_length=max_length,
+                                   **_prefixed(prefix, len(sources[:8])))
     speed = {}
     for length in lengths:
-        fixed = {} if length is None else {"min_decoding_length": length, "max_decoding_length": length}
+        fixed = {"max_decoding_length": max_length} if length is None else \
+            {"min_decoding_length": length, "max_decoding_length": length}
         fixed.update(_prefixed(prefix, len(sources)))
         best = {name: 0.0 for name in translators}
         for _ in range(rounds):
@@ -516,7 +519,8 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
         models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
         length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
         measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads, device=session.device,
-                                   lengths=(None, length), prefix=prefix)
+                                   lengths=(None, length), prefix=prefix,
+                                   max_length=min(256, session.max_target_positions - 1))
         speed = {"free": measured[None], "fixed": measured[length]}
     heads = stack_heads(model)
     alignment_layer, alignment_heads = alignment(model.decoder)
