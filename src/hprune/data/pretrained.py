@@ -287,7 +287,7 @@ def build(data: DictConfig, staging: Path) -> dict:
         path.unlink()
     text.rmdir()
     summary = {"name": data.name, "pair": f"{src}-{tgt}", "model_dir": str(files.folder), "bpe": files.bpe,
-               **dict(zip(("source_prefix", "target_prefix"), prefixes(data))),
+               **({key: token for key, token in zip(("source_prefix", "target_prefix"), prefixes(data)) if token}),
                "codes": [str(p) if p else None for p in files.codes], "splits": sentences,
                "test_sets": {s: names[s] for s in tests}, "sets": names,
                "encoding": {f"{split}.{lang}": {**c, "unk_pct": round(100 * c["unk"] / max(c["pieces"], 1), 3)}
