@@ -178,8 +178,7 @@ def _import_marian(folder: Path, config: dict, staging: Path) -> dict:
     """Marian ids -> fairseq ids: fairseq's <s>, <pad>, </s>, <unk> (ids 0-3) are Marian's <s> if it has one
     (else a new zero row, never predicted), <pad>, </s> and <unk>; Marian's other pieces follow in id order."""
     _require(folder, MARIAN_FILES, f"a Marian model's tokenizer files are {', '.join(MARIAN_FILES)}")
-    tokenizer = json.loads((folder / "tokenizer_config.json").read_text()) \
-        if (folder / "tokenizer_config.json").is_file() else {}
+    tokenizer = _tokenizer_config(folder)
     separate = bool(tokenizer.get("separate_vocabs")) or not config.get("share_encoder_decoder_embeddings", True)
     if separate:
         _require(folder, ("target_vocab.json",), "a Marian model with separate vocabularies has target_vocab.json")
@@ -250,25 +249,28 @@ MBART50_LANGUAGES = ("ar_AR cs_CZ de_DE en_XX es_XX et_EE fi_FI fr_XX gu_IN hi_I
 NOT_LANGUAGES = {"<mask>"}
 
 
-def _tokenizer_json_ids(path: Path) -> dict[int, str]:
+def _tokenizer_config(folder: Path) -> dict:
+    path = folder / "tokenizer_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _tokenizer_json_ids(path: Path) -> tuple[dict[int, str], list[str]]:
+    """A tokenizer.json's {id: token}, and its added tokens."""
     tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    vocab = tokenizer["model"]["vocab"]
+    vocab, added = tokenizer["model"]["vocab"], tokenizer.get("added_tokens", [])
     ids = dict(enumerate(piece for piece, _ in vocab)) if isinstance(vocab, list) else \
         {i: token for token, i in vocab.items()}
-    ids.update({added["id"]: added["content"] for added in tokenizer.get("added_tokens", [])})
-    return ids
+    ids.update({token["id"]: token["content"] for token in added})
+    return ids, [token["content"] for token in added]
 
 
 def _multilingual_vocabulary(folder: Path, config: dict) -> tuple[list[str], dict[str, str]]:
     """The model's tokens in id order, padded to vocab_size, and its languages {code: token}."""
-    settings = json.loads((folder / "tokenizer_config.json").read_text()) \
-        if (folder / "tokenizer_config.json").is_file() else {}
+    settings = _tokenizer_config(folder)
     languages: dict[str, str] = {}
     if (folder / "tokenizer.json").is_file():  # NLLB, mBART-50: the languages are the added tokens past the specials
-        ids = _tokenizer_json_ids(folder / "tokenizer.json")
-        added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
-        languages = {a["content"]: a["content"] for a in added
-                     if a["content"] not in FAIRSEQ_SPECIALS and a["content"] not in NOT_LANGUAGES}
+        ids, added = _tokenizer_json_ids(folder / "tokenizer.json")
+        languages = {token: token for token in added if token not in FAIRSEQ_SPECIALS and token not in NOT_LANGUAGES}
     elif config.get("model_type") == "mbart":
         # mBART-50 without tokenizer.json: fairseq's ids (the pieces + 1), then its language codes, then <mask>
         import sentencepiece
@@ -342,8 +344,7 @@ def _import_m2m_100(folder: Path, config: dict, staging: Path) -> dict:
 
 
 def _import_mbart(folder: Path, config: dict, staging: Path) -> dict:
-    settings = json.loads((folder / "tokenizer_config.json").read_text()) \
-        if (folder / "tokenizer_config.json").is_file() else {}
+    settings = _tokenizer_config(folder)
     if settings.get("tokenizer_class", "MBart50Tokenizer").removesuffix("Fast") != "MBart50Tokenizer":
         raise UserError(f"{folder} holds an mBART model with {settings['tokenizer_class']} (mBART-25 puts the language "
                         "after the sentence and starts the decoder with it); hprune imports mBART-50's layout "

@@ -37,6 +37,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..attention_types import ATTENTION_TYPES
+from ..data.prepare import prefixes
 from ..errors import UserError
 from ..files import build_once, write_atomic
 from ..flops import mask_macs
@@ -273,8 +274,7 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
         encode = "tokens = [line.split() for line in lines]  # text already in the model's tokens"
         join = ".replace('@@ ', '')" if data.get("post_process") == "subword_nmt" else ""
         decode = f"text = [' '.join(h.hypotheses[0]){join} for h in results]"
-    source_prefix, target_prefix = (data.get(key) if data.get(key) not in (None, "auto") else None
-                                    for key in ("source_prefix", "target_prefix"))
+    source_prefix, target_prefix = prefixes(data)
     if source_prefix:  # a multilingual model: its language tokens, as its tokenizer and generate() place them
         encode += f"\ntokens = [['{source_prefix}'] + t for t in tokens]  # the source language's token first"
     options = "beam_size=4"
