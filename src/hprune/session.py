@@ -76,9 +76,14 @@ class Session:
         return self.loaded.device
 
     @property
+    def prefixes(self) -> tuple[Optional[str], Optional[str]]:
+        """The tokens a multilingual model's sources and targets start with (their languages'), or None."""
+        return prefixes(self.data)
+
+    @property
     def language_marks(self) -> frozenset:
-        """The tokens a multilingual model's sentences start with (their languages'), which are no word."""
-        return frozenset(token for token in prefixes(self.data) if token)
+        """The language tokens of a multilingual model's sentences, which are no word."""
+        return frozenset(token for token in self.prefixes if token)
 
     @property
     def pad(self) -> int:

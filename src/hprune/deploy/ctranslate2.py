@@ -37,7 +37,6 @@ import torch
 from omegaconf import OmegaConf
 
 from ..attention_types import ATTENTION_TYPES
-from ..data.prepare import prefixes
 from ..errors import UserError
 from ..files import build_once, write_atomic
 from ..flops import mask_macs
@@ -247,7 +246,8 @@ def save(spec, dest, quantization: str) -> None:
     spec.save(str(dest))
 
 
-def readme(data, subword_files: List[str], quantization: str) -> str:
+def readme(data, subword_files: List[str], quantization: str,
+           prefixes: Tuple[Optional[str], Optional[str]] = (None, None)) -> str:
     """How to use the directory: tokenize, translate, detokenize, with the files beside the model."""
     src, tgt = data.src_lang, data.tgt_lang
     bpe = data.get("bpe") if data.get("bpe") not in (None, "auto") else None
@@ -274,7 +274,7 @@ def readme(data, subword_files: List[str], quantization: str) -> str:
         encode = "tokens = [line.split() for line in lines]  # text already in the model's tokens"
         join = ".replace('@@ ', '')" if data.get("post_process") == "subword_nmt" else ""
         decode = f"text = [' '.join(h.hypotheses[0]){join} for h in results]"
-    source_prefix, target_prefix = prefixes(data)
+    source_prefix, target_prefix = prefixes
     if source_prefix:  # a multilingual model: its language tokens, as its tokenizer and generate() place them
         encode += f"\ntokens = [['{source_prefix}'] + t for t in tokens]  # the source language's token first"
     options = "beam_size=4"
@@ -503,7 +503,8 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
                                                 cfg.threads, prefix)
         for path in subwords:
             shutil.copy(path, staging / path.name)
-        write_atomic(staging / "README.md", readme(session.data, [p.name for p in subwords], cfg.quantization))
+        write_atomic(staging / "README.md",
+                     readme(session.data, [p.name for p in subwords], cfg.quantization, session.prefixes))
 
     build_once(dest, "README.md", build)
     parity = checked["parity"]
