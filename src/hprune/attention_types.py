@@ -7,6 +7,8 @@ from typing import Iterable, List
 from .errors import UserError
 
 ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
+# the feed-forward sublayers, whose hidden units (neurons) a mask may hold beside the heads, under these keys
+FFN_TYPES = ("enc-ffn", "dec-ffn")
 
 
 def check_attention_types(types: Iterable[str] | str, setting: str, example: str = "[enc-self]") -> List[str]:

@@ -64,7 +64,8 @@ class UnitCost:
 
 def unit_costs(model, sample: dict) -> Dict[Tuple[str, int], UnitCost]:
     """Each attention sublayer's UnitCost, from the MACs counted (as above) on one teacher-forced batch with the
-    units it has now: a model pruned to any mask runs sum(cost.macs(kept)) MACs per target token in attention."""
+    units it has now: a model pruned to any mask runs sum(cost.macs(kept)) MACs per target token in attention.
+    Each FFN's too (its neurons; an encoder neuron's cost per target token counts the source tokens it runs on)."""
     by_module = _counted(model, **sample["net_input"]).get_flop_counts()
     tokens = int(sample["ntokens"])
     names = {id(module): f"{type(model).__name__}.{name}" for name, module in model.named_modules()}
@@ -85,9 +86,13 @@ def unit_costs(model, sample: dict) -> Dict[Tuple[str, int], UnitCost]:
                                             module.top_k)
         else:
             costs[(attn_type, layer)] = UnitCost(0.0, macs(module) / units)
+    for ffn_type, layer, block in model.ffn_layers():  # a neuron: its fc1 row and its fc2 column
+        neurons = block.fc2.in_features
+        costs[(ffn_type, layer)] = UnitCost(0.0, (macs(block.fc1) + macs(block.fc2)) / neurons if neurons else 0.0)
     return costs
 
 
 def mask_macs(costs: Dict[Tuple[str, int], UnitCost], mask: dict, types) -> float:
-    """Attention MACs per target token of the sublayers of `types` under a head mask (head-mask schema)."""
+    """MACs per target token of the sublayers of `types` under a mask (head-mask schema): attention types, and FFN
+    types where the mask has their neuron rows."""
     return sum(costs[(attn_type, layer)].macs(int(sum(row))) for attn_type in types for layer, row in enumerate(mask[attn_type]))

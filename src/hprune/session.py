@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from . import backend
 from .data.kinds import DataKind, get_kind
 from .data.prepare import model_languages, prefixes, prepare, test_set_of
-from .pruning.heads import Mask, kept_ids, layout, mask_without, read_mask
+from .pruning.heads import Mask, ffn_layout, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class Session:
 
     # ---------------------------------------------------------------------------------------- masks
     def read_mask(self, path: str | Path, key: str = "mask", soft: bool = False) -> Mask:
-        return read_mask(path, layout(self.model), key, soft)
+        return read_mask(path, layout(self.model), key, soft, optional=ffn_layout(self.model))
 
     def unpruned_mask(self) -> Mask:
         return mask_without(self.model, ())

@@ -14,6 +14,9 @@ class HpruneConfig(FairseqDataclass):
     kept_heads: Optional[str] = field(default=None, metadata={
         "help": "heads kept by physical pruning: {type: [[head ids] per layer]} (JSON); written by `hprune prune`, "
                 "not meant to be typed"})
+    kept_neurons: Optional[str] = field(default=None, metadata={
+        "help": "FFN neurons kept by physical pruning: {enc-ffn|dec-ffn: [[neuron ids] per layer]} (JSON); written "
+                "by `hprune prune`, not meant to be typed"})
     plugin_modules: Optional[str] = field(default=None, metadata={
         "help": "modules (names or .py paths, comma-separated) registering pruning mechanisms kept outside hprune, "
                 "imported before the model is built (recorded so that the checkpoint loads anywhere)"})

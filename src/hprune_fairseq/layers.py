@@ -2,8 +2,8 @@
 every attention sublayer, the encoder and decoder that build them, and the one description of a layer's anatomy
 (`sublayers`: every residual sublayer in forward order) with what walks it needs (`capture_residuals`).
 
-Everything but the attention modules is stock fairseq (embeddings, FFN, layer norms, incremental decoding),
-and the state-dict keys are the stock `transformer` ones.
+Everything but the attention modules and fc2 (ffn.NeuronOutput: a mask on the FFN's hidden units) is stock
+fairseq (embeddings, layer norms, incremental decoding), and the state-dict keys are the stock `transformer` ones.
 """
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import torch
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.quant_noise import quant_noise
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from torch import Tensor
 
+from .ffn import NeuronOutput
 from .heads import HeadAttention
 from .moa import MoAAttention
 
@@ -38,10 +40,18 @@ def _swish(layer, cfg) -> None:
         layer.activation_fn = torch.nn.functional.silu
 
 
-class HeadEncoderLayer(TransformerEncoderLayerBase):
+class _Layer:
+    """What the encoder's and the decoder's layers add to fairseq's: swish fixed, fc2 with a neuron mask."""
+
     def __init__(self, cfg, *args, **kwargs):
         super().__init__(cfg, *args, **kwargs)
         _swish(self, cfg)
+
+    def build_fc2(self, input_dim, output_dim, q_noise, qn_block_size):
+        return quant_noise(NeuronOutput(input_dim, output_dim), q_noise, qn_block_size)
+
+
+class HeadEncoderLayer(_Layer, TransformerEncoderLayerBase):
 
     def build_self_attention(self, embed_dim, cfg):
         return _moa(cfg, "enc-self", embed_dim, self_attention=True) or HeadAttention(
@@ -49,11 +59,7 @@ class HeadEncoderLayer(TransformerEncoderLayerBase):
             q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size)
 
 
-class HeadDecoderLayer(TransformerDecoderLayerBase):
-    def __init__(self, cfg, *args, **kwargs):
-        super().__init__(cfg, *args, **kwargs)
-        _swish(self, cfg)
-
+class HeadDecoderLayer(_Layer, TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise NotImplementedError("hprune_transformer supports neither add_bias_kv, add_zero_attn "

@@ -2,7 +2,8 @@
 
 A physically pruned model records the heads it kept in its config (`--kept-heads`, JSON in the head-mask
 layout: {type: [[original head ids] per layer]}); `build_model` removes the others before the weights are
-loaded, so stock `fairseq-generate --user-dir` reloads pruned checkpoints too.
+loaded, so stock `fairseq-generate --user-dir` reloads pruned checkpoints too; the FFN neurons it kept the same way
+(`--kept-neurons`, {ffn type: [[original neuron ids] per layer]}, ffn.py).
 
 A pruning mechanism a procedure trains inside the model (mechanisms/: Hard Concrete gates, DSP's subset
 selection, or one registered outside hprune) adds its own flags and installs itself when they ask for it; the
@@ -35,10 +36,11 @@ from fairseq.models.transformer import (
 )
 from torch import Tensor
 
-from hprune.attention_types import ATTENTION_TYPES, check_attention_types
+from hprune.attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
 
 from . import mechanisms
 from .config import HpruneConfig, MoAConfig
+from .ffn import keep_neurons
 from .heads import HeadAttention
 from .layers import HeadDecoder, HeadEncoder, MoADecoder, MoAEncoder, Sublayer, capture_residuals, sublayers
 from .marian import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
@@ -74,6 +76,8 @@ class HpruneTransformerModel(TransformerModel):
         model = super().build_model(args, task)
         if getattr(args, "kept_heads", None):
             model.keep_heads(json.loads(args.kept_heads))
+        if getattr(args, "kept_neurons", None):
+            model.keep_neurons(json.loads(args.kept_neurons))
         for mechanism in mechanisms.MECHANISMS.values():  # (flags left at their default may be absent)
             if mechanism.wanted(args):
                 mechanism.install(model, args)
@@ -130,6 +134,8 @@ class HpruneTransformerModel(TransformerModel):
         """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""
         for attn_type, layer, module in self.attention_modules():
             module.set_head_mask(None if mask is None else mask[attn_type][layer])
+        for ffn_type, layer, block in self.ffn_layers():  # a mask's neuron rows, where it has them
+            block.fc2.set_neuron_mask(None if mask is None or ffn_type not in mask else mask[ffn_type][layer])
 
     def record_heads(self, weights: bool = False, outputs: bool = False, contributions: bool = False) -> None:
         """Keep each attention's last per-head weights, outputs and/or shares of the output (`head_weights`,
@@ -149,6 +155,37 @@ class HpruneTransformerModel(TransformerModel):
         """Physically remove every head not listed (see HeadUnits.keep_heads)."""
         for attn_type, layer, module in self.attention_modules():
             module.keep_heads(kept[attn_type][layer])
+
+    # ------------------------------------------------------------------------------------------- FFN neurons
+    def ffn_layers(self) -> Iterator[Tuple[str, int, torch.nn.Module]]:
+        """(FFN type, layer index, transformer layer) of every feed-forward sublayer; its fc2 is an
+        ffn.NeuronOutput, whose neurons a mask holds under the FFN type (`enc-ffn`, `dec-ffn`)."""
+        for i, layer in enumerate(self.encoder.layers):
+            yield FFN_TYPES[0], i, layer
+        for i, layer in enumerate(self.decoder.layers):
+            yield FFN_TYPES[1], i, layer
+
+    def record_neurons(self, inputs: bool = False) -> None:
+        """Keep each fc2's last (masked) input, the activations of its neurons (`fc2.neuron_inputs`)."""
+        for _, _, block in self.ffn_layers():
+            block.fc2.record_inputs, block.fc2.neuron_inputs = inputs, None
+
+    def neuron_ids(self) -> Dict[str, List[List[int]]]:
+        """The original ids of the neurons each FFN still has, in the mask layout."""
+        kept: Dict[str, List[List[int]]] = {}
+        for ffn_type, _, block in self.ffn_layers():
+            kept.setdefault(ffn_type, []).append(list(block.fc2.neuron_ids))
+        return kept
+
+    def keep_neurons(self, kept: Dict[str, List[List[int]]]) -> None:
+        """Physically remove every neuron not listed, in the FFN types `kept` names (ffn.keep_neurons)."""
+        for ffn_type, layer, block in self.ffn_layers():
+            if ffn_type not in kept:
+                continue
+            if getattr(block, "ffn_layernorm", None) is not None:
+                raise ValueError("FFN neurons cannot be removed exactly from a layer with --scale-fc (a layer norm "
+                                 "over them)")
+            keep_neurons(block, kept[ffn_type][layer])
 
     # ------------------------------------------------------------------------------------------- mechanisms
     def mechanisms(self) -> List[mechanisms.Mechanism]:

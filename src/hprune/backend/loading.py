@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hprune_fairseq.mechanisms import MECHANISMS
 from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint
 
+from ..attention_types import FFN_TYPES
 from ..errors import UserError
 from ..model_folder import is_hf_dir, is_hub_id
 from ..rundir import AVERAGED, BEST, LAST, RunDir
@@ -234,18 +235,21 @@ def build_criterion(loaded: Loaded):
 
 
 def pruned_model(loaded: Loaded, kept: dict) -> torch.nn.Module:
-    """An fp32 CPU copy of loaded.model with only the `kept` heads ({type: [[head ids] per layer]})."""
+    """An fp32 CPU copy of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), and the
+    `kept` neurons in the FFN types it names."""
     model = copy.deepcopy(loaded.model).float().cpu()
     model.set_head_mask(None)
     model.keep_heads(kept)
+    model.keep_neurons(kept)
     model.eval()  # (not `return model.eval()`: after a beam search fairseq's replacement train() returns None)
     return model
 
 
 def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[Path] = None) -> torch.nn.Module:
-    """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}), in fp32.
+    """Write a checkpoint of loaded.model with only the `kept` heads ({type: [[head ids] per layer]}) and neurons
+    (under FFN types), in fp32.
 
-    The kept ids go into the checkpoint's model config (`kept_heads`), from which the plugin rebuilds the
+    The kept ids go into the checkpoint's model config (`kept_heads`, `kept_neurons`), from which the plugin rebuilds the
     pruned shapes before loading the weights; the optimizer state (shaped for the full model) is dropped.
     The other settings come from loaded.path's checkpoint, or from `config_from`'s (e.g. the ungated model a
     gated run started from). Returns the pruned model (on the CPU).
@@ -266,7 +270,11 @@ def export_pruned(loaded: Loaded, kept: dict, dest: Path, config_from: Optional[
             task_cfg[key] = loaded.cfg.task[key]
         else:
             setattr(task_cfg, key, loaded.cfg.task[key])
-    setattr(model_cfg, "kept_heads", json.dumps(kept, separators=(",", ":")))
+    heads = {attn_type: rows for attn_type, rows in kept.items() if attn_type not in FFN_TYPES}
+    setattr(model_cfg, "kept_heads", json.dumps(heads, separators=(",", ":")))
+    every = all(block.fc2.in_features == block.fc2.total_neurons for _, _, block in model.ffn_layers())
+    # (from the pruned model: a checkpoint pruned before keeps the neurons it lost)
+    setattr(model_cfg, "kept_neurons", None if every else json.dumps(model.neuron_ids(), separators=(",", ":")))
     state["last_optimizer_state"] = None
     save_checkpoint_atomic(state, dest)
     return model

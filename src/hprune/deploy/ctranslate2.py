@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from ..attention_types import ATTENTION_TYPES
+from ..attention_types import ATTENTION_TYPES, FFN_TYPES
 from ..errors import UserError
 from ..files import build_once, write_atomic
 from ..flops import mask_macs
@@ -78,6 +78,9 @@ def padded_mask(mask: dict, heads: Dict[str, int]) -> dict:
     heads, then removed ones as zero heads), for counting the MACs the CTranslate2 model spends."""
     padded = {}
     for attn_type, rows in mask.items():
+        if attn_type in FFN_TYPES:  # neurons: each layer's FFN keeps its own width
+            padded[attn_type] = rows
+            continue
         target = heads["encoder" if attn_type == "enc-self" else "decoder"]
         padded[attn_type] = []
         for row in rows:
@@ -234,9 +237,17 @@ def _stack_ends(spec, embeddings_spec, module, embedding: torch.Tensor) -> None:
 
 
 def _ffn(spec, layer) -> None:
+    """CTranslate2 reads each layer's FFN width from its weights, but refuses a width of 0: a layer left with no
+    neuron is written with one zero neuron, which adds exactly nothing (fc2's bias stays, as in fairseq)."""
     _layer_norm(spec.layer_norm, layer.final_layer_norm)
-    _linear(spec.linear_0, layer.fc1.weight, layer.fc1.bias)
-    _linear(spec.linear_1, layer.fc2.weight, layer.fc2.bias)
+    fc1, fc2 = layer.fc1, layer.fc2
+    if fc1.out_features:
+        _linear(spec.linear_0, fc1.weight, fc1.bias)
+        _linear(spec.linear_1, fc2.weight, fc2.bias)
+    else:
+        _linear(spec.linear_0, fc1.weight.new_zeros(1, fc1.in_features),
+                None if fc1.bias is None else fc1.weight.new_zeros(1))
+        _linear(spec.linear_1, fc2.weight.new_zeros(fc2.out_features, 1), fc2.bias)
 
 
 def save(spec, dest, quantization: str) -> None:

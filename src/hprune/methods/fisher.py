@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from ..attention_types import check_attention_types
+from ..attention_types import FFN_TYPES, check_attention_types
 from ..deploy.fairseq_checkpoint import write_checked
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
@@ -75,13 +75,21 @@ class FisherSettings(MethodSettings):
     tune: bool = True
     tune_max_scale: float = 10
     export: bool = True
+    units: List[str] = field(default_factory=lambda: ["heads"])
+
+
+UNITS = ("heads", "neurons")
 
 
 def check_settings(p: DictConfig) -> None:
     check_attention_types(p.types, "prune.types")
+    units = list(p.units)
+    if not units or set(units) - set(UNITS) or len(set(units)) < len(units):
+        raise UserError(f"prune.units={units}: choose heads, neurons (FFN hidden units) or both, e.g. "
+                        "prune.units=[heads,neurons]")
     if not 0 < p.macs_budget <= 1:
-        raise UserError(f"prune.macs_budget={p.macs_budget} is outside (0, 1]: it is the fraction of the attention "
-                        "MACs to keep, e.g. prune.macs_budget=0.5")
+        raise UserError(f"prune.macs_budget={p.macs_budget} is outside (0, 1]: it is the fraction of the MACs of "
+                        "the prunable units to keep, e.g. prune.macs_budget=0.5")
     c = p.calibration
     if p.fisher not in ("per_sentence", "per_batch"):
         raise UserError(f"prune.fisher={p.fisher}: choose per_sentence (the paper's Fisher) or per_batch (the "
@@ -103,6 +111,32 @@ def search(order: List[Head], budget: float, costs, types, model, pool: set) -> 
             break
         kept = trial
     return kept
+
+
+def search_with_neurons(head_sets: List[set], importance: Dict[Head, float], budget: float, costs, types, model,
+                        neurons: List[Head]) -> set:
+    """Kwon et al.'s search over heads and neurons under one budget (their prune/search.py): for each candidate
+    head set, the neurons (most important first) fill the MACs the heads leave, as many as fit; of these, the
+    units with the largest summed Fisher information. `head_sets`: the free layout's prefixes of the head order,
+    or the per_stack sets; `neurons`: ordered by importance."""
+    head_types = [t for t in types if t not in FFN_TYPES]
+    cost = torch.tensor([costs[n[:2]].per_unit for n in neurons], dtype=torch.float64)
+    spent, gained = torch.cumsum(cost, 0), torch.cumsum(torch.tensor([importance[n] for n in neurons],
+                                                                        dtype=torch.float64), 0)
+    best, best_value = None, -math.inf
+    for heads in head_sets:
+        left = budget - (mask_macs(costs, mask_without(model, pool_of(model, head_types) - heads), head_types)
+                         if head_types else 0.0)
+        if left < -1e-9:
+            continue
+        fit = int(torch.searchsorted(spent, torch.tensor([left + 1e-9], dtype=torch.float64), right=True))
+        value = sum(importance[h] for h in heads) + (float(gained[fit - 1]) if fit else 0.0)
+        if value > best_value:
+            best, best_value = heads | set(neurons[:fit]), value
+    if best is None:
+        raise UserError("no mask fits this MACs budget with the heads a layout keeps; raise prune.macs_budget or use "
+                        "prune.layout=free")
+    return best
 
 
 def search_per_stack(importance: Dict[Head, float], budget: float, costs, types, model, pool: set,
@@ -143,42 +177,76 @@ def rearrange(kept: set, heads: List[Head], grads: torch.Tensor, types) -> set:
 
 
 # --------------------------------------------------------------------------------------------- tuning
-def forward_order(model) -> list:
-    """The attention sublayers in the order the data meets them (the plugin's Sublayer: attn_type, layer, module,
-    the transformer layer and which of its residual connections is this one's)."""
-    return [s for s in model.sublayers() if s.attn_type is not None]
+def unit_type(sublayer) -> str:
+    """A sublayer's attention type, or its FFN type (enc-ffn, dec-ffn)."""
+    return sublayer.attn_type or FFN_TYPES[sublayer.stack == "decoder"]
+
+
+def forward_order(model) -> dict:
+    """{(unit type, layer): sublayer} in the order the data meets them (the plugin's Sublayer: attn_type, layer,
+    module, the transformer layer and which of its residual connections is this one's)."""
+    return {(unit_type(s), s.layer): s for s in model.sublayers()}
 
 
 def _real(sample: dict, attn_type: str, pad: int) -> torch.Tensor:
     """(len, batch) booleans: the real tokens of the sublayer's queries (time-major, as fairseq's layers)."""
-    tokens = sample["net_input"]["src_tokens"] if attn_type == "enc-self" else sample["target"]
+    tokens = sample["net_input"]["src_tokens"] if attn_type in ("enc-self", "enc-ffn") else sample["target"]
     return tokens.ne(pad).t()
+
+
+def _residual_goals(student, teacher, key, sample: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One forward of each model on `sample`: the teacher's sublayer output plus its residual, less the student's
+    residual (what the student's sublayer output should be), and the student's output, at sublayer `key`."""
+    seen_teacher, seen_student = [], []
+    with teacher.capture_residuals(forward_order(teacher)[key], seen_teacher):  # (the plugin's: where it joins)
+        teacher(**sample["net_input"])
+    with student.capture_residuals(forward_order(student)[key], seen_student):
+        student(**sample["net_input"])
+    (update_t, residual_t), (update_s, residual_s) = seen_teacher[0], seen_student[0]
+    return update_t + residual_t - residual_s, update_s
+
+
+@torch.no_grad()
+def neuron_least_squares(student, teacher, ffn_type: str, layer: int, batches: List[dict], pad: int,
+                         units: List[int]):
+    """The normal equations of the scales of an FFN's neurons `units` (local indices), as least_squares for heads:
+    a neuron's share of the output is its activation a_n times its fc2 column w_n, so AᵀA = (WᵀW) ∘ (Σ_t a aᵀ) and
+    Aᵀb = Σ_t a_n ⟨w_n, b_t⟩ (the reference's prune/rescale.py, without the (tokens·d, neurons) matrix)."""
+    fc2 = forward_order(student)[ffn_type, layer].block.fc2
+    columns = fc2.weight[:, units].double()  # (d, kept)
+    gram = torch.zeros(len(units), len(units), dtype=torch.float64)
+    target = torch.zeros(len(units), dtype=torch.float64)
+    student.record_neurons(inputs=True)
+    try:
+        for sample in batches:
+            goal, _ = _residual_goals(student, teacher, (ffn_type, layer), sample)
+            real = _real(sample, ffn_type, pad)
+            goal = goal[real].double() - (fc2.bias.double() if fc2.bias is not None else 0.0)
+            a = fc2.neuron_inputs[real][:, units].double()  # (tokens, kept)
+            gram += ((columns.t() @ columns) * (a.t() @ a)).cpu()
+            target += (a * (goal @ columns)).sum(0).cpu()
+    finally:
+        student.record_neurons()
+    return gram, target
 
 
 @torch.no_grad()
 def least_squares(student, teacher, attn_type: str, layer: int, batches: List[dict], pad: int, units: List[int]):
     """Normal equations (AᵀA, Aᵀb) of the scales of `units` (local indices) that make the student's sublayer
     output, residual included, closest to the teacher's over the calibration tokens."""
-    at = {(s.attn_type, s.layer): s for s in forward_order(student)}[attn_type, layer]
-    there = {(s.attn_type, s.layer): s for s in forward_order(teacher)}[attn_type, layer]
-    module = at.module
+    module = forward_order(student)[attn_type, layer].module
     bias = getattr(getattr(module, "out_proj", None), "bias", None)
     gram = torch.zeros(len(units), len(units), dtype=torch.float64)
     target = torch.zeros(len(units), dtype=torch.float64)
     for sample in batches:
-        seen_teacher, seen_student = [], []
-        with teacher.capture_residuals(there, seen_teacher):  # (the plugin's: where the sublayer's output joins)
-            teacher(**sample["net_input"])
         module.record_contributions = True
         try:
-            with student.capture_residuals(at, seen_student):
-                student(**sample["net_input"])
+            goal, _ = _residual_goals(student, teacher, (attn_type, layer), sample)
             shares = module.unit_contributions.permute(2, 0, 1, 3)  # (len, batch, units, d)
         finally:
             module.record_contributions, module.unit_contributions = False, None
         real = _real(sample, attn_type, pad)
-        (update_t, residual_t), (_, residual_s) = seen_teacher[0], seen_student[0]
-        goal = (update_t + residual_t - residual_s)[real].double()
+        goal = goal[real].double()
         if bias is not None:
             goal = goal - bias.double()
         a = shares[real][:, units].double()  # (tokens, kept, d)
@@ -188,8 +256,8 @@ def least_squares(student, teacher, attn_type: str, layer: int, batches: List[di
 
 
 def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], max_scale: float) -> Tuple[dict, str]:
-    """Fold the least-squares scales into the kept heads, sublayer by sublayer from the bottom. Returns
-    {(type, layer, head): scale} and why tuning stopped (or "done")."""
+    """Fold the least-squares scales into the kept heads (and neurons, where `types` has FFN types), sublayer by
+    sublayer from the bottom. Returns {(type, layer, unit): scale} and why tuning stopped (or "done")."""
     model = session.model
     teacher = copy.deepcopy(model)
     teacher.set_head_mask(teacher_mask)
@@ -199,20 +267,24 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
     scales: Dict[Head, float] = {}
     stopped = "done"
     first = {"enc-self": 0, "dec-self": 0}
-    for sublayer in forward_order(model):
-        attn_type, layer, module = sublayer.attn_type, sublayer.layer, sublayer.module
-        units = [i for i, h in enumerate(module.head_ids) if mask[attn_type][layer][h]]
-        if attn_type not in types or not units or first.get(attn_type) == layer:
+    for (kind, layer), sublayer in forward_order(model).items():
+        module = sublayer.module if kind not in FFN_TYPES else sublayer.block.fc2
+        ids = module.head_ids if kind not in FFN_TYPES else module.neuron_ids
+        if kind not in types or first.get(kind) == layer:
             continue
-        gram, target = least_squares(model, teacher, attn_type, layer, batches, session.pad, units)
+        units = [i for i, h in enumerate(ids) if mask[kind][layer][h]]
+        if not units:
+            continue
+        solve = least_squares if kind not in FFN_TYPES else neuron_least_squares
+        gram, target = solve(model, teacher, kind, layer, batches, session.pad, units)
         solution = torch.linalg.lstsq(gram, target.unsqueeze(-1)).solution.squeeze(-1)
         if not torch.isfinite(solution).all() or solution.abs().max() > max_scale:
-            stopped = f"stopped at {attn_type} layer {layer}: scales outside ±{max_scale:g} (the reference's rule)"
+            stopped = f"stopped at {kind} layer {layer}: scales outside ±{max_scale:g} (the reference's rule)"
             break
-        values = torch.ones(module.num_heads, dtype=torch.float64)
+        values = torch.ones(len(ids), dtype=torch.float64)
         values[units] = solution
         module.scale_units(values.to(next(module.parameters()).device))
-        scales.update({(attn_type, layer, module.head_ids[u]): float(s) for u, s in zip(units, solution)})
+        scales.update({(kind, layer, ids[u]): float(s) for u, s in zip(units, solution)})
     del teacher
     return scales, stopped
 
@@ -223,52 +295,65 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
 def fisher(session, cfg: DictConfig, out: Path) -> dict:
     """Kwon et al. 2022: Fisher-ranked heads under a MACs budget, rearranged and rescaled, without retraining."""
     p, c, evaluator = cfg.prune, cfg.prune.calibration, Evaluator.of(session, cfg)
-    model, types = session.model, list(p.types)
+    neurons = "neurons" in p.units
+    model = session.model
+    types = (list(p.types) if "heads" in p.units else []) + (list(FFN_TYPES) if neurons else [])
     started = time.perf_counter()  # the calibration data first: a missing or empty split stops before any output
     batches = session.sampled_batches(c.split, c.sentences, c.batch_size, c.seed)
     seconds = {"calibration": time.perf_counter() - started}
     pool = pool_of(model, types)
     costs = evaluator.unit_costs()
-    base = mask_macs(costs, session.unpruned_mask(), types)
+    base = mask_macs(costs, mask_without(model, (), neurons), types)
     unpruned = evaluator.evaluate(None)
     save_hypotheses(out, "unpruned", unpruned)
 
     started = time.perf_counter()
-    heads, grads = mask_gradients(model, batches, session.pad, per=p.fisher.removeprefix("per_"))
+    units, grads = mask_gradients(model, batches, session.pad, per=p.fisher.removeprefix("per_"), neurons=neurons)
     importance = grads.pow(2).sum(0)
     seconds["fisher"] = time.perf_counter() - started
-    order = [heads[i] for i in sorted(range(len(heads)), key=lambda i: (-float(importance[i]), i)) if heads[i] in pool]
+    order = [units[i] for i in sorted(range(len(units)), key=lambda i: (-float(importance[i]), i)) if units[i] in pool]
     started = time.perf_counter()
+    by_unit = {unit: float(importance[i]) for i, unit in enumerate(units)}
+    head_pool = {unit for unit in pool if unit[0] not in FFN_TYPES}
     if p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
-        by_head = {head: float(importance[i]) for i, head in enumerate(heads)}
-        found = [search_per_stack(by_head, fraction * base, costs, types, model, pool, layer_floor(p.layout, 0))
-                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
+        if neurons:
+            head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if head_pool else [set()]
+        else:
+            found = [search_per_stack(by_unit, fraction * base, costs, types, model, pool, layer_floor(p.layout, 0))
+                     for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
+    elif neurons:  # the reference's sweep: each number of heads (at least one), the neurons filling the rest
+        head_order = [unit for unit in order if unit in head_pool]
+        head_sets = [set(head_order[:n]) for n in range(min(1, len(head_order)), len(head_order) + 1)]
     else:
         found = [search(order, fraction * base, costs, types, model, pool)
+                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
+    if neurons:
+        neuron_order = [unit for unit in order if unit not in head_pool]
+        found = [search_with_neurons(head_sets, by_unit, fraction * base, costs, types, model, neuron_order)
                  for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
     kept, teacher_kept = {"search": found[0]}, found[1]
     seconds["search"] = time.perf_counter() - started
     if p.rearrange:
         started = time.perf_counter()
-        kept["rearranged"] = rearrange(kept["search"], heads, grads, types)
+        kept["rearranged"] = rearrange(kept["search"], units, grads, types)
         seconds["rearrange"] = time.perf_counter() - started
     final = kept.get("rearranged", kept["search"])
-    mask = mask_without(model, pool - final)
+    mask = mask_without(model, pool - final, neurons)
 
     stages, results = [], {}
-    for stage, heads_kept in kept.items():
-        stage_mask = mask_without(model, pool - heads_kept)
+    for stage, units_kept in kept.items():
+        stage_mask = mask_without(model, pool - units_kept, neurons)
         results[stage] = evaluator.evaluate(stage_mask)
         save_hypotheses(out, stage, results[stage])
-        stages.append(_stage_row(evaluator, stage, stage_mask, results[stage], unpruned, types))
+        stages.append(_stage_row(evaluator, stage, stage_mask, results[stage], unpruned, types, base))
     scales, stopped = {}, "off"
     if p.tune:
         started = time.perf_counter()
-        scales, stopped = tune(session, mask_without(model, pool - teacher_kept), mask, types, batches,
+        scales, stopped = tune(session, mask_without(model, pool - teacher_kept, neurons), mask, types, batches,
                                p.tune_max_scale)
         seconds["tune"] = time.perf_counter() - started
         results["tuned"] = evaluator.evaluate(mask)
-        stages.append(_stage_row(evaluator, "tuned", mask, results["tuned"], unpruned, types))
+        stages.append(_stage_row(evaluator, "tuned", mask, results["tuned"], unpruned, types, base))
     names, sig = list(results), cfg.significance  # each stage against the one before it, on the same sentences
     for row, before, stage in zip(stages[1:], names, names[1:]):
         test = paired_bootstrap(results[before].hypotheses, results[stage].hypotheses, results[stage].references,
@@ -280,18 +365,24 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     table = pd.DataFrame([{"type": h[0], "layer": h[1], "head": h[2], "fisher": float(importance[i]),
                            "kept_search": int(h in kept["search"]), "kept": int(h in final),
                            "scale": scales.get(h, 1.0 if h in final else 0.0)}
-                          for i, h in enumerate(heads) if h[0] in types])
+                          for i, h in enumerate(units) if h[0] in types])
     write_atomic(out / "fisher.csv", table.to_csv(index=False))
     write_atomic(out / "stages.csv", pd.DataFrame(stages).to_csv(index=False))
     write_json(RunDir(out).head_mask, mask)
     macs = mask_macs(costs, mask, types)
+    head_types = [t for t in types if t not in FFN_TYPES]
+    neuron_pool = pool - head_pool
     metrics = {
-        "method": "fisher", "layout": p.layout, "split": cfg.split, "types": types, "macs_budget": p.macs_budget,
+        "method": "fisher", "layout": p.layout, "split": cfg.split, "types": head_types, "units": list(p.units),
+        "macs_budget": p.macs_budget,
         "calibration_split": c.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
         "rearrange": p.rearrange, "tune": p.tune, "tuning": stopped,
-        **trained.outcome(evaluator, types, pool, pool - final, mask, result, unpruned),
+        **trained.outcome(evaluator, list(p.types), head_pool or pool_of(model, p.types), head_pool - final, mask,
+                          result, unpruned),
         **{f"bleu_{stage}": results[stage].bleu for stage in results},
-        "attention_macs_pool": round(base), "attention_macs_kept": round(macs),
+        **({"neurons_pool": len(neuron_pool), "kept_neurons": len(neuron_pool & final),
+            "macs_pool": round(base), "macs_kept": round(macs), "macs_pct": round(100 * macs / base, 2)}
+           if neurons else {"attention_macs_pool": round(base), "attention_macs_kept": round(macs)}),
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
@@ -302,15 +393,22 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     return metrics
 
 
-def _stage_row(evaluator: Evaluator, stage: str, mask: dict, result: Evaluation, unpruned: Evaluation, types) -> dict:
-    return {"stage": stage, "kept_heads": sum(sum(map(sum, mask[attn_type])) for attn_type in types),
-            "attention_macs_pct": evaluator.attention_macs_pct(mask, types), "bleu": result.bleu,
-            "delta_bleu": result.delta_bleu(unpruned), "valid_loss": result.valid_loss}
+def _stage_row(evaluator: Evaluator, stage: str, mask: dict, result: Evaluation, unpruned: Evaluation, types,
+               base: float) -> dict:
+    head_types = [t for t in types if t not in FFN_TYPES]
+    row = {"stage": stage, "kept_heads": sum(sum(map(sum, mask[attn_type])) for attn_type in head_types),
+           "attention_macs_pct": evaluator.attention_macs_pct(mask, head_types)}
+    if len(head_types) < len(types):  # neurons too: the budget's MACs are those of heads and neurons
+        row.update(kept_neurons=sum(sum(map(sum, mask[t])) for t in FFN_TYPES),
+                   macs_pct=round(100 * mask_macs(evaluator.unit_costs(), mask, types) / base, 2))
+    return {**row, "bleu": result.bleu, "delta_bleu": result.delta_bleu(unpruned), "valid_loss": result.valid_loss}
 
 
 def summary(m: dict) -> str:
+    neurons = (f"{m['kept_neurons']} of {m['neurons_pool']} FFN neurons kept, {m['macs_pct']:g} % of the MACs of "
+               "heads and neurons, ") if "kept_neurons" in m else ""
     lines = [f"MACs budget {m['macs_budget']:g}: {m['kept_heads']} of {m['heads_pool']} heads kept ({describe_kept(m)}), "
-             f"{m['attention_macs_pct']:g} % of the attention MACs; BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs "
+             f"{neurons}{m['attention_macs_pct']:g} % of the attention MACs; BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs "
              f"unpruned) in {m['seconds']:.1f} s without retraining (tuning: {m['tuning']})"]
     if "export_checkpoint" in m:
         lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "

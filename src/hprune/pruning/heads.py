@@ -3,6 +3,8 @@
 A head is (type, layer, head) with the head's original id, so a physically pruned model keeps its ids.
 A head mask is `{"enc-self": [[1, 0, ...] per layer], "dec-self": ..., "dec-enc": ...}` (1 = alive), over the
 unpruned layout; Michel et al.'s `E:layer:head` ids (1-based; E enc-self, D dec-self, A dec-enc) are a view of it.
+A mask that prunes FFN neurons too holds them in the same form under `enc-ffn` / `dec-ffn` (a neuron is
+(FFN type, layer, neuron), a unit like a head); a mask without those rows keeps every neuron.
 """
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ import itertools
 import json
 import math
 from pathlib import Path
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import pandas as pd
 
-from ..attention_types import ATTENTION_TYPES
+from ..attention_types import ATTENTION_TYPES, FFN_TYPES
 from ..errors import UserError
 
 MICHEL_PREFIX = {"enc-self": "E", "dec-self": "D", "dec-enc": "A"}
@@ -31,10 +33,17 @@ def present_heads(model) -> List[Head]:
     return [(attn_type, layer, h) for attn_type, layer, module in model.attention_modules() for h in module.head_ids]
 
 
+def present_neurons(model) -> List[Head]:
+    """Every FFN neuron the model still has, as units (FFN type, layer, original id), in a fixed order."""
+    return [(ffn_type, layer, n) for ffn_type, layer, block in model.ffn_layers() for n in block.fc2.neuron_ids]
+
+
 def pool_of(model, types: Iterable[str]) -> Set[Head]:
-    """The heads a method may prune: every present head of the attention `types`."""
+    """The units a method may prune: every present head of the attention `types`, and every present neuron of
+    the FFN types among them."""
     types = set(types)
-    return {head for head in present_heads(model) if head[0] in types}
+    units = present_heads(model) + (present_neurons(model) if types & set(FFN_TYPES) else [])
+    return {unit for unit in units if unit[0] in types}
 
 
 def moa_types(model) -> Set[str]:
@@ -55,26 +64,42 @@ def layout(model) -> Dict[str, List[int]]:
     return shape
 
 
-def mask_without(model, pruned: Iterable[Head]) -> Mask:
-    """The head mask that keeps every present head except `pruned` (heads already removed stay 0)."""
+def ffn_layout(model) -> Dict[str, List[int]]:
+    """{FFN type: [unpruned neurons per layer]}: the shape of a mask's neuron rows."""
+    shape: Dict[str, List[int]] = {}
+    for ffn_type, _, block in model.ffn_layers():
+        shape.setdefault(ffn_type, []).append(block.fc2.total_neurons)
+    return shape
+
+
+def mask_without(model, pruned: Iterable[Head], neurons: bool = False) -> Mask:
+    """The mask that keeps every present head except `pruned` (heads already removed stay 0); with neuron rows
+    where `neurons` or where `pruned` holds neurons, which keep every present neuron but those."""
     pruned = set(pruned)
-    mask = {attn_type: [[0] * n for n in per_layer] for attn_type, per_layer in layout(model).items()}
-    for attn_type, layer, h in present_heads(model):
-        mask[attn_type][layer][h] = 0 if (attn_type, layer, h) in pruned else 1
+    neurons = neurons or any(unit[0] in FFN_TYPES for unit in pruned)
+    shape = {**layout(model), **(ffn_layout(model) if neurons else {})}
+    mask = {unit_type: [[0] * n for n in per_layer] for unit_type, per_layer in shape.items()}
+    for unit_type, layer, h in present_heads(model) + (present_neurons(model) if neurons else []):
+        mask[unit_type][layer][h] = 0 if (unit_type, layer, h) in pruned else 1
     return mask
 
 
-def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask", soft: bool = False) -> Mask:
-    """A head_mask.json that fits `expected` ({type: [heads per layer]}, see layout); `key` names the setting
-    in the error message. Its values are 0 (removed) or 1 (kept); soft: any finite number, each head's output
-    multiplied by it (what a verb that only masks, eval, can run; a verb that removes heads cannot)."""
+def read_mask(path: str | Path, expected: Dict[str, List[int]], key: str = "mask", soft: bool = False,
+              optional: Optional[Dict[str, List[int]]] = None) -> Mask:
+    """A head_mask.json that fits `expected` ({type: [heads per layer]}, see layout), and may hold the rows of
+    `optional` (ffn_layout: neurons); `key` names the setting in the error message. Its values are 0 (removed)
+    or 1 (kept); soft: any finite number, each head's output multiplied by it (what a verb that only masks, eval,
+    can run; a verb that removes heads cannot)."""
     try:
         mask = json.loads(Path(path).read_text())
         shape = {attn_type: [len(row) for row in rows] for attn_type, rows in mask.items()}
     except (OSError, json.JSONDecodeError, AttributeError, TypeError) as err:
         raise UserError(f"{key}={path} cannot be read as a head_mask.json ({err})") from None
-    if shape != expected:
-        raise UserError(f"{key}={path} does not fit this model: it needs heads per layer {expected}")
+    optional = optional or {}
+    if {t: n for t, n in shape.items() if t not in optional} != expected or \
+            any(n != optional[t] for t, n in shape.items() if t in optional):
+        raise UserError(f"{key}={path} does not fit this model: it needs heads per layer {expected}"
+                        + (f" (neurons per layer, if any: {optional})" if optional else ""))
     for attn_type, rows in mask.items():
         for layer, row in enumerate(rows):
             for h, value in enumerate(row):

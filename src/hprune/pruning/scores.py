@@ -23,6 +23,7 @@ from typing import Callable, Dict, Iterable, Tuple
 import pandas as pd
 import torch
 
+from ..attention_types import FFN_TYPES
 from .heads import moa_layers, moa_types
 
 
@@ -36,10 +37,10 @@ def _table(model, values: Dict[Tuple[str, int], torch.Tensor]) -> pd.DataFrame:
 
 
 def _non_pad(sample: dict, pad: int) -> Dict[str, torch.Tensor]:
-    """Query positions that are real tokens, per attention type: (batch, len) booleans."""
+    """Query positions that are real tokens, per attention (and FFN) type: (batch, len) booleans."""
     source = sample["net_input"]["src_tokens"].ne(pad)
     target = sample["target"].ne(pad)
-    return {"enc-self": source, "dec-self": target, "dec-enc": target}
+    return {"enc-self": source, "dec-self": target, "dec-enc": target, "enc-ffn": source, "dec-ffn": target}
 
 
 def nll(model, sample: dict, pad: int) -> Tuple[torch.Tensor, int]:
@@ -53,24 +54,31 @@ def nll(model, sample: dict, pad: int) -> Tuple[torch.Tensor, int]:
     return -(picked * real).sum(), int(real.sum())
 
 
-def _output_gradients(model, loss_of: Callable, batches: Iterable[dict], per_token_loss: bool = False):
+def _output_gradients(model, loss_of: Callable, batches: Iterable[dict], per_token_loss: bool = False,
+                      neurons: bool = False):
     """For each batch: the sample and, per attention sublayer, (type, layer, head outputs, their gradient) after
     one forward and one backward of `loss_of(model, sample) -> (summed loss, sample size, ...)` in eval mode
     (gradient None where no head reaches the loss). `per_token_loss`: the loss divided by its sample size
-    (target tokens), as a mean-loss training step sees it."""
+    (target tokens), as a mean-loss training step sees it. `neurons`: each FFN too, (FFN type, layer, its
+    neurons' activations (len, batch, neurons), their gradient)."""
     model.eval()
-    modules = list(model.attention_modules())
+    modules = [(attn_type, layer, m, "head_outputs") for attn_type, layer, m in model.attention_modules()]
+    if neurons:
+        modules += [(ffn_type, layer, block.fc2, "neuron_inputs") for ffn_type, layer, block in model.ffn_layers()]
     model.record_heads(outputs=True)
+    model.record_neurons(inputs=neurons)
     try:
         for sample in batches:
             loss, sample_size = loss_of(model, sample)[:2]
             if per_token_loss:
                 loss = loss / sample_size
-            recorded = [(attn_type, layer, m.head_outputs) for attn_type, layer, m in modules if m.head_outputs is not None]
+            recorded = [(unit_type, layer, getattr(m, name)) for unit_type, layer, m, name in modules
+                        if getattr(m, name) is not None]
             grads = torch.autograd.grad(loss, [out for _, _, out in recorded], allow_unused=True)
-            yield sample, [(attn_type, layer, out.detach(), grad) for (attn_type, layer, out), grad in zip(recorded, grads)]
+            yield sample, [(unit_type, layer, out.detach(), grad) for (unit_type, layer, out), grad in zip(recorded, grads)]
     finally:
         model.record_heads()
+        model.record_neurons()
 
 
 def _mask_gradient_per_token(out: torch.Tensor, grad: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -99,33 +107,42 @@ def michel(model, criterion, batches: Iterable[dict], pad: int) -> Tuple[pd.Data
     return _table(model, values), tokens
 
 
-def mask_gradients(model, batches: Iterable[dict], pad: int, per: str = "sentence") -> Tuple[list, torch.Tensor]:
+def mask_gradients(model, batches: Iterable[dict], pad: int, per: str = "sentence",
+                   neurons: bool = False) -> Tuple[list, torch.Tensor]:
     """∂L/∂ξ_h at ξ = 1 of every head present, L the negative log-likelihood (Kwon et al.'s head-mask gradients:
     signed sums, not Σ|per token| as Michel's importance). per="sentence": one row per sentence, L its summed
     NLL (the paper's per-example Fisher; the sentences of a batch do not interact, so the per-token products
     ⟨ctx_h, ∂L/∂ctx_h⟩ of one backward, summed over each sentence's tokens, are its gradients); per="batch": one
-    row per batch, L the batch's mean NLL per target token (the reference code's). Returns the heads, as (type,
-    layer, original id) in the model's order, and the (rows, heads) gradients."""
+    row per batch, L the batch's mean NLL per target token (the reference code's). `neurons`: the FFN neurons'
+    too, a mask on each neuron's activation (fc2's input; Kwon et al.'s neuron mask), ⟨a_n, ∂L/∂a_n⟩ summed
+    over the same tokens. Returns the units, as (type, layer, original id) in the model's order (heads, then
+    neurons), and the (rows, units) gradients."""
     if per not in ("sentence", "batch"):
         raise ValueError(f"per={per}: mask gradients are per sentence or per batch")
-    heads = [(attn_type, layer, h) for attn_type, layer, m in model.attention_modules() for h in m.head_ids]
+    sublayers = [(attn_type, layer, m.head_ids) for attn_type, layer, m in model.attention_modules()]
+    if neurons:
+        sublayers += [(ffn_type, layer, block.fc2.neuron_ids) for ffn_type, layer, block in model.ffn_layers()]
+    units = [(unit_type, layer, u) for unit_type, layer, ids in sublayers for u in ids]
     rows = []
     loss_of = lambda model_, sample: nll(model_, sample, pad)  # noqa: E731
-    for sample, recorded in _output_gradients(model, loss_of, batches, per_token_loss=per == "batch"):
+    for sample, recorded in _output_gradients(model, loss_of, batches, per_token_loss=per == "batch",
+                                              neurons=neurons):
         real = _non_pad(sample, pad)
-        found = {(attn_type, layer): (out, grad) for attn_type, layer, out, grad in recorded}
+        found = {(unit_type, layer): (out, grad) for unit_type, layer, out, grad in recorded}
         block = []
-        for attn_type, layer, m in model.attention_modules():
-            out, grad = found.get((attn_type, layer), (None, None))
+        for unit_type, layer, ids in sublayers:
+            out, grad = found.get((unit_type, layer), (None, None))
             if grad is None:
-                block.append(torch.zeros(len(sample["id"]), m.num_heads, dtype=torch.float64))
-                continue
-            block.append(_mask_gradient_per_token(out, grad, real[attn_type]).sum(2).double().cpu())  # (sentences, heads)
+                block.append(torch.zeros(len(sample["id"]), len(ids), dtype=torch.float64))
+            elif unit_type in FFN_TYPES:  # (len, batch, neurons), time-major as fairseq's layers
+                block.append((out.float() * grad.float() * real[unit_type].t().unsqueeze(-1)).sum(0).double().cpu())
+            else:
+                block.append(_mask_gradient_per_token(out, grad, real[unit_type]).sum(2).double().cpu())  # (sentences, heads)
         block = torch.cat(block, dim=1)
         rows.append(block if per == "sentence" else block.sum(0, keepdim=True))
     if not rows:
         raise ValueError("no batches: head-mask gradients need at least one sentence")
-    return heads, torch.cat(rows)
+    return units, torch.cat(rows)
 
 
 @torch.no_grad()

@@ -1,0 +1,166 @@
+"""FFN neurons as prunable units (Kwon et al.'s framework, issue 43): their mask gradients against autograd, their
+removal against the mask in hprune, fairseq and CTranslate2 (a layer left with none included), their MACs in the
+cost model against the counted ones, their mask tuning against a direct least-squares solve, and
+`--method fisher prune.units=[heads,neurons]` end to end under one budget."""
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from conftest import SMALL_DATA, hprune
+from test_cli import assert_one_line_error
+
+pytest.importorskip("fairseq")
+FISHER = ["--method", "fisher", *SMALL_DATA, "device=cpu", "prune.calibration.sentences=128"]
+
+
+@pytest.fixture(scope="module")
+def loaded(trained_run, evaluated_run):
+    from hprune import backend
+    return backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(evaluated_run[1]["data_bin"]))
+
+
+def uneven_neuron_mask(model) -> dict:
+    """Heads and neurons removed unevenly: half the neurons at random, encoder layer 1 and decoder layer 2 empty."""
+    from hprune.pruning.heads import mask_without, present_neurons
+    rng = random.Random(0)
+    pruned = {n for n in present_neurons(model) if rng.random() < 0.5 or n[:2] in (("enc-ffn", 1), ("dec-ffn", 2))}
+    return mask_without(model, pruned | {("enc-self", 0, 1), ("dec-enc", 1, 2)})
+
+
+def test_neuron_gradients_removal_and_macs(loaded, tmp_path):
+    """Per batch, the neurons' mask gradients are autograd's on an explicit mask on fc2's input; the model with the
+    neurons physically removed (an empty FFN adds its fc2 bias alone) computes what the masked model computes, in
+    hprune, reloaded by fairseq from the exported checkpoint, and in CTranslate2; the cost model's MACs for the
+    mask equal those FlopCounterMode counts on the pruned model."""
+    from hprune import backend
+    from hprune.flops import macs_per_token, mask_macs, unit_costs
+    from hprune.pruning.heads import kept_ids, mask_without
+    from hprune.pruning.scores import mask_gradients, nll
+
+    model, pad = loaded.model, loaded.task.target_dictionary.pad()
+    batches = backend.sampled_batches(loaded, "valid", 6, 3, seed=1)
+    units, grads = mask_gradients(model, batches, pad, per="batch", neurons=True)
+    d_ff = model.encoder.layers[0].fc2.in_features
+    assert grads.shape == (2, 36 + 6 * d_ff) and units[36] == ("enc-ffn", 0, 0) and units[-1] == ("dec-ffn", 2, d_ff - 1)
+    model.eval()
+    for b, sample in enumerate(batches):
+        leaves = []
+        for _, _, block in model.ffn_layers():
+            block.fc2.neuron_mask = torch.ones(d_ff, requires_grad=True)
+            leaves.append(block.fc2.neuron_mask)
+        loss, tokens = nll(model, sample, pad)
+        (loss / tokens).backward()
+        torch.testing.assert_close(torch.cat([leaf.grad for leaf in leaves]).double(), grads[b, 36:], rtol=1e-4,
+                                   atol=1e-7)
+        model.set_head_mask(None)
+
+    mask = uneven_neuron_mask(model)
+    sample = batches[0]
+    with torch.no_grad():
+        model.set_head_mask(mask)
+        masked = model(**sample["net_input"])[0]
+        model.set_head_mask(None)
+        dest = tmp_path / "pruned.pt"
+        pruned = backend.export_pruned(loaded, kept_ids(mask), dest)
+        assert pruned.encoder.layers[1].fc1.out_features == 0 == pruned.decoder.layers[2].fc2.in_features
+        reloaded = backend.load_model(dest, Path(loaded.cfg.task.data)).model  # fairseq builds it from the config
+        for name, other in (("pruned", pruned), ("reloaded", reloaded)):
+            torch.testing.assert_close(other(**sample["net_input"])[0], masked, rtol=0, atol=2e-5, msg=name)
+    costs = unit_costs(model, sample)
+    types = ["enc-self", "dec-self", "dec-enc", "enc-ffn", "dec-ffn"]
+    removed = mask_macs(costs, mask_without(model, (), neurons=True), types) - mask_macs(costs, mask, types)
+    counted = macs_per_token(model, sample)["macs_per_token"] - macs_per_token(pruned, sample)["macs_per_token"]
+    assert removed == pytest.approx(counted, abs=2)
+
+    ctranslate2 = pytest.importorskip("ctranslate2")  # noqa: F841 (CTranslate2 reads each layer's width)
+    from test_export import export_model, largest_log_prob_difference
+    model_dir = export_model(loaded, mask, tmp_path)
+    assert largest_log_prob_difference(loaded, Path(model_dir), "valid", mask) < 1e-4
+
+
+def test_neuron_tuning_is_the_least_squares_solution(loaded):
+    """Student: a third of encoder layer 1's neurons masked; teacher: the unpruned model. The normal equations
+    built from the Gram of fc2's columns give the scales a direct solve gives on the stacked (tokens·d, kept)
+    system, built here from the FFN's input; they lower the error."""
+    from hprune import backend
+    from hprune.methods.fisher import forward_order, neuron_least_squares
+    from hprune.pruning.heads import mask_without
+
+    model, teacher = copy.deepcopy(loaded.model).eval(), copy.deepcopy(loaded.model).eval()
+    pad = loaded.task.target_dictionary.pad()
+    d_ff = model.encoder.layers[1].fc2.in_features
+    model.set_head_mask(mask_without(model, {("enc-ffn", 1, n) for n in range(0, d_ff, 3)}))
+    units = [n for n in range(d_ff) if n % 3]
+    batches = list(backend.batches(loaded, "valid", 600, 2))
+    gram, target = neuron_least_squares(model, teacher, "enc-ffn", 1, batches, pad, units)
+    ours = torch.linalg.lstsq(gram, target.unsqueeze(-1)).solution.squeeze(-1)
+
+    block_s = model.encoder.layers[1]
+    rows, goals = [], []
+    for sample in batches:
+        caught = {}
+        for who, net in (("teacher", teacher), ("student", model)):
+            sink = []
+            with net.capture_residuals(forward_order(net)["enc-ffn", 1], sink), torch.no_grad():
+                net(**sample["net_input"])
+            caught[who] = sink[0]
+        (update_t, residual_t), (_, residual_s) = caught["teacher"], caught["student"]
+        with torch.no_grad():
+            h = block_s.final_layer_norm(residual_s) if block_s.normalize_before else residual_s
+            act = block_s.activation_fn(block_s.fc1(h)) * block_s.fc2.neuron_mask
+        real = sample["net_input"]["src_tokens"].ne(pad).t()
+        columns = block_s.fc2.weight[:, units].detach()  # (d, kept)
+        design = act[real][:, units].unsqueeze(1) * columns.unsqueeze(0)  # (tokens, d, kept): each neuron's share
+        rows.append(design.reshape(-1, len(units)).double())
+        goals.append((update_t + residual_t - residual_s - block_s.fc2.bias.detach())[real].reshape(-1).double())
+    a, b = torch.cat(rows), torch.cat(goals)
+    direct = torch.linalg.lstsq(a, b.unsqueeze(-1)).solution.squeeze(-1)
+    torch.testing.assert_close(ours, direct, rtol=1e-5, atol=1e-6)
+    error = lambda scales: (a @ scales - b).pow(2).sum()  # noqa: E731
+    assert error(ours) < error(torch.ones(len(units), dtype=torch.float64))
+
+
+def test_fisher_prunes_heads_and_neurons_under_one_budget(trained_run, tmp_path):
+    """prune.units=[heads,neurons] at half the MACs of heads and FFN: the budget met in the cost model and in the
+    MACs counted on the physically pruned export (which translates as the masked model); the search's choice is
+    the best of the reference's sweep (each number of heads, the neurons filling the rest) by summed Fisher."""
+    out = tmp_path / "run"
+    hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, "prune.macs_budget=0.5",
+           "prune.units=[heads,neurons]", "prune.calibration.sentences=64")
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["macs_kept"] <= 0.5 * m["macs_pool"] + 1e-6 and m["kept_neurons"] < m["neurons_pool"]
+    counted = m["macs_per_token_unpruned"] - m["macs_per_token_pruned"]
+    assert counted == pytest.approx(m["macs_pool"] - m["macs_kept"], abs=3)  # the pool's MACs removed, no other
+    assert m["export_same_translations"] and m["export_max_abs_diff"] < 1e-4 and m["bleu"] == m["export_bleu"]
+    stages = pd.read_csv(out / "stages.csv")
+    assert (stages["kept_neurons"] == m["kept_neurons"]).all() and (stages["macs_pct"] <= 50.0).all()
+
+    table = pd.read_csv(out / "fisher.csv")
+    heads, neurons = table[~table["type"].str.endswith("ffn")], table[table["type"].str.endswith("ffn")]
+    assert len(heads) == 36 and len(neurons) == m["neurons_pool"]
+    from hprune import backend
+    from hprune.flops import unit_costs
+    loaded = backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(m["data_bin"]))
+    costs = unit_costs(loaded.model, next(backend.batches(loaded, "valid", 4096, 1)))
+    cost = lambda rows: sum(costs[(r.type, r.layer)].per_unit for r in rows.itertuples())  # noqa: E731
+    budget, best = 0.5 * m["macs_pool"], -1.0
+    h_order = heads.sort_values("fisher", ascending=False, kind="stable")
+    n_order = neurons.sort_values("fisher", ascending=False, kind="stable")
+    n_cost = n_order.apply(lambda r: costs[(r.type, r.layer)].per_unit, axis=1).cumsum()
+    for n in range(1, 37):
+        left = budget - cost(h_order.head(n))
+        if left >= 0:
+            fit = int((n_cost <= left + 1e-6).sum())
+            best = max(best, h_order.head(n)["fisher"].sum() + n_order.head(fit)["fisher"].sum())
+    assert table.loc[table["kept_search"] == 1, "fisher"].sum() == pytest.approx(best, rel=1e-9)
+
+    proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'bad'}", *FISHER,
+                  "prune.units=[heads,experts]", check=False)
+    assert_one_line_error(proc, "prune.units")
