@@ -48,11 +48,11 @@ QUANTIZATIONS = ("none", "float32", "int8", "int8_float32", "int8_float16", "int
 ACTIVATIONS = ("relu", "gelu", "gelu_accurate", "gelu_fast", "swish")
 
 
-def _ctranslate2():
+def _ctranslate2(needs: str = "format=ctranslate2"):
     try:
         import ctranslate2
     except ImportError:
-        raise UserError("format=ctranslate2 needs the ctranslate2 package: pip install 'hprune[deploy]'") from None
+        raise UserError(f"{needs} needs the ctranslate2 package: pip install 'hprune[deploy]'") from None
     return ctranslate2
 
 

@@ -30,8 +30,10 @@ reference leaves its first layer (teacher and student see the same input there).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +43,16 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from ..attention_types import FFN_TYPES, check_attention_types
+from .. import backend
+from ..attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
+from ..deploy.ctranslate2 import check_quantization, model_spec, save, sentences_per_s
 from ..deploy.fairseq_checkpoint import write_checked
+from ..deploy.latency import LatencySettings, latency_table
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
 from ..flops import mask_macs
-from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
+from ..pruning.heads import STACK, Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
 from ..rundir import PRUNED, RunDir, save_hypotheses
@@ -76,6 +81,8 @@ class FisherSettings(MethodSettings):
     tune_max_scale: float = 10
     export: bool = True
     units: List[str] = field(default_factory=lambda: ["heads"])
+    latency_budget: Optional[float] = None
+    latency: LatencySettings = field(default_factory=LatencySettings)
 
 
 UNITS = ("heads", "neurons")
@@ -87,6 +94,17 @@ def check_settings(p: DictConfig) -> None:
     if not units or set(units) - set(UNITS) or len(set(units)) < len(units):
         raise UserError(f"prune.units={units}: choose heads, neurons (FFN hidden units) or both, e.g. "
                         "prune.units=[heads,neurons]")
+    if p.latency_budget is not None:
+        if not 0 < p.latency_budget <= 1:
+            raise UserError(f"prune.latency_budget={p.latency_budget} is outside (0, 1]: it is the fraction of the "
+                            "unpruned model's latency in CTranslate2 to reach, e.g. prune.latency_budget=0.6")
+        if p.layout != "per_stack":
+            raise UserError("prune.latency_budget searches the masks CTranslate2 holds, one head count per stack: add "
+                            "prune.layout=per_stack")
+        check_quantization(p.latency.compute_type)
+        if importlib.util.find_spec("ctranslate2") is None:
+            raise UserError("prune.latency_budget needs the ctranslate2 package (latency is measured in it): pip "
+                            "install 'hprune[deploy]'")
     if not 0 < p.macs_budget <= 1:
         raise UserError(f"prune.macs_budget={p.macs_budget} is outside (0, 1]: it is the fraction of the MACs of "
                         "the prunable units to keep, e.g. prune.macs_budget=0.5")
@@ -136,6 +154,61 @@ def search_with_neurons(head_sets: List[set], importance: Dict[Head, float], bud
     if best is None:
         raise UserError("no mask fits this MACs budget with the heads a layout keeps; raise prune.macs_budget or use "
                         "prune.layout=free")
+    return best
+
+
+def stack_counts(kept: set, model, pool: set) -> Dict[str, int]:
+    """The heads per layer each CTranslate2 stack holds for the pool heads `kept` (its largest sublayer's count;
+    a sublayer outside the pool keeps every head)."""
+    counts: Dict[str, int] = {}
+    for attn_type, layer, module in model.attention_modules():
+        ids = [(attn_type, layer, h) for h in module.head_ids]
+        alive = sum(h in kept for h in ids) if any(h in pool for h in ids) else len(ids)
+        counts[STACK[attn_type]] = max(counts.get(STACK[attn_type], 1), alive)
+    return counts
+
+
+def ffn_widths(kept: set, model, neurons: bool) -> Dict[str, List[int]]:
+    """Each stack's FFN widths per layer for the units `kept` (every neuron, unless neurons are pruned)."""
+    widths: Dict[str, List[int]] = {}
+    for ffn_type, layer, block in model.ffn_layers():
+        ids = block.fc2.neuron_ids
+        widths.setdefault(STACK[ffn_type], []).append(
+            sum((ffn_type, layer, n) in kept for n in ids) if neurons else len(ids))
+    return widths
+
+
+def search_latency(head_sets: List[set], importance: Dict[Head, float], budget: float, table, model,
+                   pool: set, neurons: List[Head], with_neurons: bool) -> set:
+    """Kwon et al.'s search under a latency budget (seconds per sentence), on the latency table's predictions: for
+    each per_stack head set, the neurons (most important first) join while the predicted latency fits; of these,
+    the units with the largest summed Fisher information."""
+    best, best_value, fastest = None, -math.inf, math.inf
+    for heads in head_sets:
+        counts, widths = stack_counts(heads, model, pool), ffn_widths(heads, model, with_neurons)
+        latency = table.predict(counts, widths)
+        fastest = min(fastest, latency)
+        if latency > budget + 1e-12:
+            continue
+        chosen = set(heads)
+        if with_neurons:
+            for neuron in neurons:
+                stack, layer = STACK[neuron[0]], neuron[1]
+                width = widths[stack][layer]
+                step = table.ffn_saving(stack, width) - table.ffn_saving(stack, width + 1)
+                if latency + step > budget + 1e-12:
+                    break
+                latency += step
+                widths[stack][layer] = width + 1
+                chosen.add(neuron)
+        value = sum(importance[u] for u in chosen)
+        if value > best_value:
+            best, best_value = chosen, value
+    if best is None:
+        raise UserError(f"no mask meets this latency budget: the fastest the table predicts is "
+                        f"{100 * fastest / table.unpruned:.1f} % of the unpruned latency (one head per stack"
+                        f"{', no FFN neuron' if with_neurons else ''}); raise prune.latency_budget to at least "
+                        f"{math.ceil(1000 * fastest / table.unpruned) / 1000:g}")
     return best
 
 
@@ -255,6 +328,15 @@ def least_squares(student, teacher, attn_type: str, layer: int, batches: List[di
     return gram, target
 
 
+def damped_toward_one(gram: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The reference's solver (utils/linalg.py: cupyx LSMR with damp=1 on the normal equations, for δ = s - 1):
+    δ minimises ‖Gδ - (t - G·1)‖² + ‖δ‖², so δ = (G² + I)⁻¹ G (t - G·1)."""
+    ones = torch.ones_like(target)
+    rest = target - gram @ ones
+    delta = torch.linalg.solve(gram @ gram + torch.eye(len(target), dtype=gram.dtype), gram @ rest)
+    return ones + delta
+
+
 def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], max_scale: float) -> Tuple[dict, str]:
     """Fold the least-squares scales into the kept heads (and neurons, where `types` has FFN types), sublayer by
     sublayer from the bottom. Returns {(type, layer, unit): scale} and why tuning stopped (or "done")."""
@@ -277,7 +359,10 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
             continue
         solve = least_squares if kind not in FFN_TYPES else neuron_least_squares
         gram, target = solve(model, teacher, kind, layer, batches, session.pad, units)
-        solution = torch.linalg.lstsq(gram, target.unsqueeze(-1)).solution.squeeze(-1)
+        if kind in FFN_TYPES:  # hundreds of scales: the reference's damped solve (below) keeps them near 1
+            solution = damped_toward_one(gram, target)
+        else:
+            solution = torch.linalg.lstsq(gram, target.unsqueeze(-1)).solution.squeeze(-1)
         if not torch.isfinite(solution).all() or solution.abs().max() > max_scale:
             stopped = f"stopped at {kind} layer {layer}: scales outside ±{max_scale:g} (the reference's rule)"
             break
@@ -315,7 +400,15 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     started = time.perf_counter()
     by_unit = {unit: float(importance[i]) for i, unit in enumerate(units)}
     head_pool = {unit for unit in pool if unit[0] not in FFN_TYPES}
-    if p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
+    if p.latency_budget is not None:  # per_stack (checked): CTranslate2's layout
+        latency = latency_table_of(session, cfg)
+        seconds["latency_table"] = time.perf_counter() - started
+        started = time.perf_counter()
+        head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if head_pool else [set()]
+        neuron_order = [unit for unit in order if unit not in head_pool]
+        found = [search_latency(head_sets, by_unit, fraction * latency.unpruned, latency, model, head_pool, neuron_order,
+                                neurons) for fraction in (p.latency_budget, math.sqrt(p.latency_budget))]
+    elif p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
         if neurons:
             head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if head_pool else [set()]
         else:
@@ -327,7 +420,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     else:
         found = [search(order, fraction * base, costs, types, model, pool)
                  for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
-    if neurons:
+    if neurons and p.latency_budget is None:
         neuron_order = [unit for unit in order if unit not in head_pool]
         found = [search_with_neurons(head_sets, by_unit, fraction * base, costs, types, model, neuron_order)
                  for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
@@ -374,7 +467,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     neuron_pool = pool - head_pool
     metrics = {
         "method": "fisher", "layout": p.layout, "split": cfg.split, "types": head_types, "units": list(p.units),
-        "macs_budget": p.macs_budget,
+        "macs_budget": p.macs_budget if p.latency_budget is None else None,
         "calibration_split": c.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
         "rearrange": p.rearrange, "tune": p.tune, "tuning": stopped,
         **trained.outcome(evaluator, list(p.types), head_pool or pool_of(model, p.types), head_pool - final, mask,
@@ -386,11 +479,48 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
+    if p.latency_budget is not None:
+        started = time.perf_counter()
+        metrics.update(latency_budget=p.latency_budget, **measured_latency(session, cfg, mask, latency))
+        metrics["seconds_latency_check"] = round(time.perf_counter() - started, 3)
     if p.export:
         metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))
     print(summary(metrics))
     return metrics
+
+
+def latency_table_of(session, cfg: DictConfig):
+    """The model's CTranslate2 latency table under prune.latency (deploy/latency.py; measured once, then cached)."""
+    settings = LatencySettings(**cfg.prune.latency)
+    return latency_table(session.model, lambda ids: backend.pruned_model(session.loaded, ids),
+                         session.loaded.cfg.model, session.dictionaries, session.source_tokens(settings.split),
+                         settings, Path(cfg.paths.data_root) / "latency")
+
+
+def measured_latency(session, cfg: DictConfig, mask: dict, table) -> dict:
+    """The pruned model's latency in CTranslate2 against the unpruned model's, measured as the table was, beside
+    the table's prediction: how far the search's latency can be trusted."""
+    settings = LatencySettings(**cfg.prune.latency)
+    sources = session.source_tokens(settings.split)[:settings.sentences]
+    length = settings.length or max(1, round(sum(map(len, sources)) / len(sources)))
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {"pruned": f"{tmp}/pruned", "unpruned": f"{tmp}/unpruned"}
+        for name, m in (("pruned", mask), ("unpruned", session.unpruned_mask())):
+            Path(dirs[name]).mkdir()
+            save(model_spec(session.pruned_copy(m), session.loaded.cfg.model, *session.dictionaries), dirs[name],
+                 settings.compute_type)
+        speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
+                                lengths=(length,))[length]
+    measured = speed["unpruned"] / speed["pruned"]
+    kept = {(t, layer, u) for t, rows in mask.items() for layer, row in enumerate(rows) for u, v in enumerate(row) if v}
+    pool = pool_of(session.model, ATTENTION_TYPES)
+    predicted = table.predict(stack_counts(kept, session.model, pool),
+                              ffn_widths(kept, session.model, any(t in mask for t in FFN_TYPES))) / table.unpruned
+    return {"latency_pct_predicted": round(100 * predicted, 2), "latency_pct_measured": round(100 * measured, 2),
+            "latency_prediction_ratio": round(predicted / measured, 4),
+            "sentences_per_s_ctranslate2": speed["pruned"], "sentences_per_s_ctranslate2_unpruned": speed["unpruned"],
+            "latency_table": table.key}
 
 
 def _stage_row(evaluator: Evaluator, stage: str, mask: dict, result: Evaluation, unpruned: Evaluation, types,
@@ -407,9 +537,14 @@ def _stage_row(evaluator: Evaluator, stage: str, mask: dict, result: Evaluation,
 def summary(m: dict) -> str:
     neurons = (f"{m['kept_neurons']} of {m['neurons_pool']} FFN neurons kept, {m['macs_pct']:g} % of the MACs of "
                "heads and neurons, ") if "kept_neurons" in m else ""
-    lines = [f"MACs budget {m['macs_budget']:g}: {m['kept_heads']} of {m['heads_pool']} heads kept ({describe_kept(m)}), "
+    budget = f"latency budget {m['latency_budget']:g}" if "latency_budget" in m else f"MACs budget {m['macs_budget']:g}"
+    lines = [f"{budget}: {m['kept_heads']} of {m['heads_pool']} heads kept ({describe_kept(m)}), "
              f"{neurons}{m['attention_macs_pct']:g} % of the attention MACs; BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs "
              f"unpruned) in {m['seconds']:.1f} s without retraining (tuning: {m['tuning']})"]
+    if "latency_budget" in m:
+        lines.append(f"{m['latency_pct_measured']:g} % of the unpruned model's latency measured in CTranslate2 ({m['latency_pct_predicted']:g} % predicted by the latency "
+                     f"table), {m['sentences_per_s_ctranslate2']} against {m['sentences_per_s_ctranslate2_unpruned']} "
+                     "sentences/s")
     if "export_checkpoint" in m:
         lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "
                      f"{m['attention_macs_per_token_pruned']:,} attention MACs per token counted, BLEU "

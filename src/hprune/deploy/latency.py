@@ -1,0 +1,165 @@
+"""A latency table of a model in CTranslate2, measured on this machine (Kwon et al.'s latency constraint: their
+generate_lut.py times blocks with 1..H heads and 1..d_ff neurons on the target hardware).
+
+CTranslate2 holds one head count per stack and each layer's FFN width, so the table times whole translations of
+the model's own pruned copies: the unpruned model; each encoder head count k (every encoder self-attention at k
+heads, the rest unpruned) and each decoder head count; every encoder FFN at each width of a grid, and every
+decoder FFN. A mask's latency is predicted additively from the unpruned model's: what its encoder and decoder head
+counts save, and what each layer's FFN width saves (the stack's saving at that width, interpolated linearly
+between grid widths, over its layers). Translations are forced to a fixed length (the same decoding steps for
+every model). The table is kept in `<data_root>/latency/`, keyed by the settings, the model's dimensions, the
+CTranslate2 version and the processor, and built once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+from ..files import write_json
+from .ctranslate2 import _ctranslate2, model_spec, save, sentences_per_s
+
+log = logging.getLogger(__name__)
+WIDTH_STEPS = 8  # FFN widths timed: d_ff · i / 8 for i = 0..8 (width 0 is written as one zero neuron)
+
+
+@dataclass
+class LatencySettings:
+    """How latency is measured: CTranslate2's compute type and threads, beam size, how many sentences of which
+    split, the length every translation is forced to (None: the sources' mean length), timing rounds."""
+    split: str = "valid"
+    compute_type: str = "int8"
+    threads: int = 1
+    beam: int = 4
+    sentences: int = 64
+    length: int | None = None
+    rounds: int = 3
+
+
+@dataclass
+class LatencyTable:
+    """Seconds per sentence, measured: `unpruned`; {k: s} with every encoder (decoder) self-attention at k heads
+    (the decoder's cross-attention too: one count per stack); {width: s} with every encoder (decoder) FFN at width."""
+    unpruned: float
+    encoder_heads: Dict[int, float]
+    decoder_heads: Dict[int, float]
+    encoder_ffn: Dict[int, float]
+    decoder_ffn: Dict[int, float]
+    layers: Dict[str, int]
+    key: str = ""
+
+    def ffn_saving(self, stack: str, width: int) -> float:
+        """What one layer of `stack` saves with its FFN at `width` (linear between the widths timed)."""
+        table = self.encoder_ffn if stack == "encoder" else self.decoder_ffn
+        widths = sorted(table)
+        width = max(width, widths[0])
+        upper = next(w for w in widths if w >= width)
+        lower = max(w for w in widths if w <= width)
+        at = table[lower] if upper == lower else \
+            table[lower] + (table[upper] - table[lower]) * (width - lower) / (upper - lower)
+        return (table[widths[-1]] - at) / self.layers[stack]
+
+    def heads_saving(self, stack: str, heads: int) -> float:
+        table = self.encoder_heads if stack == "encoder" else self.decoder_heads
+        return table[max(table)] - table[heads]
+
+    def predict(self, heads: Dict[str, int], widths: Dict[str, List[int]]) -> float:
+        """Seconds per sentence of the model with `heads` per stack and the FFN `widths` per layer of each stack."""
+        return self.unpruned - sum(self.heads_saving(stack, k) for stack, k in heads.items()) - sum(
+            self.ffn_saving(stack, w) for stack, per_layer in widths.items() for w in per_layer)
+
+    def to_json(self) -> dict:
+        return {key: ({str(k): v for k, v in value.items()} if isinstance(value, dict) and key != "layers" else value)
+                for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "LatencyTable":
+        tables = ("encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn")
+        return cls(**{key: ({int(k): v for k, v in value.items()} if key in tables else value)
+                      for key, value in data.items()})
+
+
+def dimensions(model) -> dict:
+    """What the table depends on in a model: layers, widths, heads, vocabularies."""
+    encoder, decoder = model.encoder, model.decoder
+    return {"layers": [len(encoder.layers), len(decoder.layers)], "embed_dim": encoder.layers[0].fc1.in_features,
+            "head_dim": encoder.layers[0].self_attn.head_dim,
+            "heads": [encoder.layers[0].self_attn.total_heads, decoder.layers[0].self_attn.total_heads],
+            "ffn": [encoder.layers[0].fc2.total_neurons, decoder.layers[0].fc2.total_neurons],
+            "vocabulary": [encoder.embed_tokens.num_embeddings, decoder.embed_tokens.num_embeddings],
+            "pre_norm": bool(encoder.layers[0].normalize_before)}
+
+
+def table_key(settings: LatencySettings, model, length: int) -> str:
+    ctranslate2 = _ctranslate2("prune.latency_budget")
+    what = {"settings": {**asdict(settings), "length": length}, "model": dimensions(model),
+            "ctranslate2": ctranslate2.__version__, "processor": _processor()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _processor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dictionaries, sources: Sequence[list],
+                  settings: LatencySettings, cache: Path) -> LatencyTable:
+    """The model's latency table (module docstring): read from `cache` when it was measured with the same key, else
+    measured now and kept there. pruned_copy(ids): the model with only the heads and neurons `ids` names
+    ({type: [[ids] per layer]}, as backend.pruned_model)."""
+    sources = list(sources[:settings.sentences])
+    length = settings.length or max(1, round(sum(map(len, sources)) / len(sources)))
+    key = table_key(settings, model, length)
+    path = cache / f"{key}.json"
+    if path.exists():
+        log.info("latency table %s (measured before)", path)
+        return LatencyTable.from_json(json.loads(path.read_text()))
+    dims = dimensions(model)
+    (enc_heads, dec_heads), (enc_ffn, dec_ffn) = dims["heads"], dims["ffn"]
+    n_enc, n_dec = dims["layers"]
+
+    def ids(encoder_heads: int, decoder_heads: int, encoder_ffn: int, decoder_ffn: int) -> dict:
+        return {"enc-self": [list(range(encoder_heads))] * n_enc, "dec-self": [list(range(decoder_heads))] * n_dec,
+                "dec-enc": [list(range(decoder_heads))] * n_dec, "enc-ffn": [list(range(encoder_ffn))] * n_enc,
+                "dec-ffn": [list(range(decoder_ffn))] * n_dec}
+
+    # each family with its own unpruned point (the same model, timed in its turn): a saving is measured against
+    # the point timed beside it, and the unpruned latency is the median of all of them
+    grid = {"unpruned": ids(enc_heads, dec_heads, enc_ffn, dec_ffn)}
+    grid.update({f"encoder_heads {k}": ids(k, dec_heads, enc_ffn, dec_ffn) for k in range(1, enc_heads + 1)})
+    grid.update({f"decoder_heads {k}": ids(enc_heads, k, enc_ffn, dec_ffn) for k in range(1, dec_heads + 1)})
+    widths = {stack: sorted({round(n * i / WIDTH_STEPS) for i in range(WIDTH_STEPS + 1)})
+              for stack, n in (("encoder", enc_ffn), ("decoder", dec_ffn))}
+    grid.update({f"encoder_ffn {w}": ids(enc_heads, dec_heads, w, dec_ffn) for w in widths["encoder"]})
+    grid.update({f"decoder_ffn {w}": ids(enc_heads, dec_heads, enc_ffn, w) for w in widths["decoder"]})
+    log.info("measuring the latency table in CTranslate2 (%s, %d thread(s), beam %d, %d sentences x %d tokens): "
+             "%d models", settings.compute_type, settings.threads, settings.beam, len(sources), length, len(grid))
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {}
+        for name, kept in grid.items():
+            dirs[name] = str(Path(tmp) / name.replace(" ", "_"))
+            Path(dirs[name]).mkdir()
+            save(model_spec(pruned_copy(kept), model_cfg, *dictionaries), dirs[name], settings.compute_type)
+        speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
+                                lengths=(length,))[length]
+    seconds = {name: 1.0 / value for name, value in speed.items()}
+    family = lambda prefix: {int(name.split()[1]): value for name, value in seconds.items()  # noqa: E731
+                             if name.startswith(prefix + " ")}
+    full = [seconds["unpruned"], seconds[f"encoder_heads {enc_heads}"], seconds[f"decoder_heads {dec_heads}"],
+            seconds[f"encoder_ffn {enc_ffn}"], seconds[f"decoder_ffn {dec_ffn}"]]
+    table = LatencyTable(unpruned=statistics.median(full), encoder_heads=family("encoder_heads"),
+                         decoder_heads=family("decoder_heads"), encoder_ffn=family("encoder_ffn"),
+                         decoder_ffn=family("decoder_ffn"), layers={"encoder": n_enc, "decoder": n_dec}, key=key)
+    write_json(path, table.to_json())
+    return table
