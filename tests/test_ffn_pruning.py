@@ -164,3 +164,44 @@ def test_fisher_prunes_heads_and_neurons_under_one_budget(trained_run, tmp_path)
     proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'bad'}", *FISHER,
                   "prune.units=[heads,experts]", check=False)
     assert_one_line_error(proc, "prune.units")
+
+
+def test_latency_table_predicts_additively():
+    """A mask's latency: the unpruned model's less what its head counts per stack save (each measured with the rest
+    unpruned) and what each layer's FFN width saves (its stack's saving at that width, linear between the widths
+    timed, shared by its layers)."""
+    from hprune.deploy.latency import LatencyTable
+    table = LatencyTable(unpruned=10.0, encoder_heads={1: 8.0, 2: 9.0, 4: 10.0}, decoder_heads={1: 6.0, 4: 10.0},
+                         encoder_ffn={0: 7.0, 8: 10.0}, decoder_ffn={0: 4.0, 4: 7.0, 8: 10.0},
+                         layers={"encoder": 2, "decoder": 3})
+    assert table.predict({"encoder": 4, "decoder": 4}, {"encoder": [8, 8], "decoder": [8, 8, 8]}) == 10.0
+    # encoder 2 heads saves 1; decoder 1 head saves 4; an encoder layer at width 4 saves (10 - 8.5) / 2; a decoder
+    # layer at width 2 saves (10 - 5.5) / 3, at 0 saves 6 / 3
+    predicted = table.predict({"encoder": 2, "decoder": 1}, {"encoder": [4, 8], "decoder": [2, 0, 8]})
+    assert predicted == pytest.approx(10 - 1 - 4 - 0.75 - 1.5 - 2.0)
+
+
+def test_a_latency_budget_is_met_in_ctranslate2_and_its_table_is_kept(trained_run, tmp_path):
+    """prune.latency_budget: a per_stack mask whose predicted latency meets the budget, measured afterwards in
+    CTranslate2 (metrics); the latency table is measured once and read again by the next run, which, asked for
+    a budget no mask meets, says the fastest reachable in one line; a free layout is refused in one line."""
+    pytest.importorskip("ctranslate2")
+    from test_prune_cli import is_per_stack
+    quick = ["latency.sentences=24", "latency.rounds=1", "prune.layout=per_stack", "prune.units=[heads,neurons]",
+             "prune.calibration.sentences=32", "prune.tune=false", "prune.export=false",
+             f"paths.data_root={tmp_path / 'data'}"]
+    out = tmp_path / "run"
+    hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, *quick, "prune.latency_budget=0.8")
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["latency_pct_predicted"] <= 80.0 + 1e-6 and m["latency_pct_measured"] > 0 and m["kept_neurons"] > 0
+    assert is_per_stack({k: v for k, v in json.loads((out / "head_mask.json").read_text()).items() if "ffn" not in k})
+    tables = list((tmp_path / "data" / "latency").glob("*.json"))
+    assert [t.stem for t in tables] == [m["latency_table"]]
+    written = tables[0].stat().st_mtime_ns
+    proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'bad'}", *FISHER, *quick,
+                  "prune.latency_budget=0.01", check=False)
+    assert_one_line_error(proc, "the fastest the table predicts is")
+    assert tables[0].stat().st_mtime_ns == written and not (tmp_path / "bad" / "metrics.json").exists()
+    proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'free'}", *FISHER,
+                  "prune.latency_budget=0.5", check=False)
+    assert_one_line_error(proc, "prune.layout=per_stack")

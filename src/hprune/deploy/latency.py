@@ -33,6 +33,7 @@ WIDTH_STEPS = 8  # FFN widths timed: d_ff · i / 8 for i = 0..8 (width 0 is writ
 class LatencySettings:
     """How latency is measured: CTranslate2's compute type and threads, beam size, how many sentences of which
     split, the length every translation is forced to (None: the sources' mean length), timing rounds."""
+    measure: bool = False
     split: str = "valid"
     compute_type: str = "int8"
     threads: int = 1
@@ -96,9 +97,31 @@ def dimensions(model) -> dict:
             "pre_norm": bool(encoder.layers[0].normalize_before)}
 
 
+def forced_length(settings: LatencySettings, sources: Sequence[list]) -> int:
+    return settings.length or max(1, round(sum(map(len, sources)) / len(sources)))
+
+
+def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, sources: Sequence[list],
+             settings: LatencySettings) -> Dict[str, float]:
+    """Seconds per sentence of each model ({name: a function building the hprune model}) written to CTranslate2 and
+    timed side by side with the settings (the first `sentences` sources, translations forced to the same length)."""
+    sources = list(sources[:settings.sentences])
+    length = forced_length(settings, sources)
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {}
+        for name, build in models.items():  # one model in memory at a time
+            dirs[name] = str(Path(tmp) / name.replace(" ", "_"))
+            Path(dirs[name]).mkdir()
+            save(model_spec(build(), model_cfg, *dictionaries), dirs[name], settings.compute_type)
+        speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
+                                lengths=(length,))[length]
+    return {name: 1.0 / value for name, value in speed.items()}
+
+
 def table_key(settings: LatencySettings, model, length: int) -> str:
     ctranslate2 = _ctranslate2("prune.latency_budget")
-    what = {"settings": {**asdict(settings), "length": length}, "model": dimensions(model),
+    kept = {key: value for key, value in asdict(settings).items() if key not in ("measure", "split")}
+    what = {"settings": {**kept, "length": length}, "model": dimensions(model),
             "ctranslate2": ctranslate2.__version__, "processor": _processor()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -119,7 +142,7 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
     measured now and kept there. pruned_copy(ids): the model with only the heads and neurons `ids` names
     ({type: [[ids] per layer]}, as backend.pruned_model)."""
     sources = list(sources[:settings.sentences])
-    length = settings.length or max(1, round(sum(map(len, sources)) / len(sources)))
+    length = forced_length(settings, sources)
     key = table_key(settings, model, length)
     path = cache / f"{key}.json"
     if path.exists():
@@ -145,15 +168,8 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
     grid.update({f"decoder_ffn {w}": ids(enc_heads, dec_heads, enc_ffn, w) for w in widths["decoder"]})
     log.info("measuring the latency table in CTranslate2 (%s, %d thread(s), beam %d, %d sentences x %d tokens): "
              "%d models", settings.compute_type, settings.threads, settings.beam, len(sources), length, len(grid))
-    with tempfile.TemporaryDirectory() as tmp:
-        dirs = {}
-        for name, kept in grid.items():
-            dirs[name] = str(Path(tmp) / name.replace(" ", "_"))
-            Path(dirs[name]).mkdir()
-            save(model_spec(pruned_copy(kept), model_cfg, *dictionaries), dirs[name], settings.compute_type)
-        speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
-                                lengths=(length,))[length]
-    seconds = {name: 1.0 / value for name, value in speed.items()}
+    seconds = measured({name: (lambda kept=kept: pruned_copy(kept)) for name, kept in grid.items()}, model_cfg,
+                       dictionaries, sources, settings)
     family = lambda prefix: {int(name.split()[1]): value for name, value in seconds.items()  # noqa: E731
                              if name.startswith(prefix + " ")}
     full = [seconds["unpruned"], seconds[f"encoder_heads {enc_heads}"], seconds[f"decoder_heads {dec_heads}"],

@@ -33,7 +33,6 @@ import copy
 import importlib.util
 import logging
 import math
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,14 +44,13 @@ from omegaconf import DictConfig
 
 from .. import backend
 from ..attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
-from ..deploy.ctranslate2 import check_quantization, model_spec, save, sentences_per_s
 from ..deploy.fairseq_checkpoint import write_checked
 from ..deploy.latency import LatencySettings, latency_table
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
 from ..flops import mask_macs
-from ..pruning.heads import STACK, Head, describe_kept, layer_floor, mask_without, per_stack_masks, pool_of
+from ..pruning.heads import STACK, Head, describe_kept, layer_floor, mask_without, moa_types, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
 from ..rundir import PRUNED, RunDir, save_hypotheses
@@ -82,7 +80,6 @@ class FisherSettings(MethodSettings):
     export: bool = True
     units: List[str] = field(default_factory=lambda: ["heads"])
     latency_budget: Optional[float] = None
-    latency: LatencySettings = field(default_factory=LatencySettings)
 
 
 UNITS = ("heads", "neurons")
@@ -101,7 +98,6 @@ def check_settings(p: DictConfig) -> None:
         if p.layout != "per_stack":
             raise UserError("prune.latency_budget searches the masks CTranslate2 holds, one head count per stack: add "
                             "prune.layout=per_stack")
-        check_quantization(p.latency.compute_type)
         if importlib.util.find_spec("ctranslate2") is None:
             raise UserError("prune.latency_budget needs the ctranslate2 package (latency is measured in it): pip "
                             "install 'hprune[deploy]'")
@@ -401,6 +397,10 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     by_unit = {unit: float(importance[i]) for i, unit in enumerate(units)}
     head_pool = {unit for unit in pool if unit[0] not in FFN_TYPES}
     if p.latency_budget is not None:  # per_stack (checked): CTranslate2's layout
+        if moa_types(model):
+            raise UserError("prune.latency_budget is measured in CTranslate2, which has no mixture-of-attention layer: "
+                            "prune an MoA model's experts under prune.macs_budget (and its FFN neurons with "
+                            "prune.units=[heads,neurons])")
         latency = latency_table_of(session, cfg)
         seconds["latency_table"] = time.perf_counter() - started
         started = time.perf_counter()
@@ -479,10 +479,9 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
-    if p.latency_budget is not None:
-        started = time.perf_counter()
-        metrics.update(latency_budget=p.latency_budget, **measured_latency(session, cfg, mask, latency))
-        metrics["seconds_latency_check"] = round(time.perf_counter() - started, 3)
+    if p.latency_budget is not None:  # measured after the method (runner/prune.py), beside this prediction
+        metrics.update(latency_budget=p.latency_budget, latency_table=latency.key,
+                       latency_pct_predicted=round(100 * predicted_latency(latency, model, mask), 2))
     if p.export:
         metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))
@@ -491,36 +490,19 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
 
 
 def latency_table_of(session, cfg: DictConfig):
-    """The model's CTranslate2 latency table under prune.latency (deploy/latency.py; measured once, then cached)."""
-    settings = LatencySettings(**cfg.prune.latency)
+    """The model's CTranslate2 latency table under the `latency` settings (deploy/latency.py; measured once, then
+    cached)."""
     return latency_table(session.model, lambda ids: backend.pruned_model(session.loaded, ids),
-                         session.loaded.cfg.model, session.dictionaries, session.source_tokens(settings.split),
-                         settings, Path(cfg.paths.data_root) / "latency")
+                         session.loaded.cfg.model, session.dictionaries,
+                         session.source_tokens(cfg.latency.split), LatencySettings(**cfg.latency),
+                         Path(cfg.paths.data_root) / "latency")
 
 
-def measured_latency(session, cfg: DictConfig, mask: dict, table) -> dict:
-    """The pruned model's latency in CTranslate2 against the unpruned model's, measured as the table was, beside
-    the table's prediction: how far the search's latency can be trusted."""
-    settings = LatencySettings(**cfg.prune.latency)
-    sources = session.source_tokens(settings.split)[:settings.sentences]
-    length = settings.length or max(1, round(sum(map(len, sources)) / len(sources)))
-    with tempfile.TemporaryDirectory() as tmp:
-        dirs = {"pruned": f"{tmp}/pruned", "unpruned": f"{tmp}/unpruned"}
-        for name, m in (("pruned", mask), ("unpruned", session.unpruned_mask())):
-            Path(dirs[name]).mkdir()
-            save(model_spec(session.pruned_copy(m), session.loaded.cfg.model, *session.dictionaries), dirs[name],
-                 settings.compute_type)
-        speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
-                                lengths=(length,))[length]
-    measured = speed["unpruned"] / speed["pruned"]
+def predicted_latency(table, model, mask: dict) -> float:
+    """The latency table's prediction for `mask`, as a fraction of the unpruned model's."""
     kept = {(t, layer, u) for t, rows in mask.items() for layer, row in enumerate(rows) for u, v in enumerate(row) if v}
-    pool = pool_of(session.model, ATTENTION_TYPES)
-    predicted = table.predict(stack_counts(kept, session.model, pool),
-                              ffn_widths(kept, session.model, any(t in mask for t in FFN_TYPES))) / table.unpruned
-    return {"latency_pct_predicted": round(100 * predicted, 2), "latency_pct_measured": round(100 * measured, 2),
-            "latency_prediction_ratio": round(predicted / measured, 4),
-            "sentences_per_s_ctranslate2": speed["pruned"], "sentences_per_s_ctranslate2_unpruned": speed["unpruned"],
-            "latency_table": table.key}
+    counts = stack_counts(kept, model, pool_of(model, ATTENTION_TYPES))
+    return table.predict(counts, ffn_widths(kept, model, any(t in mask for t in FFN_TYPES))) / table.unpruned
 
 
 def _stage_row(evaluator: Evaluator, stage: str, mask: dict, result: Evaluation, unpruned: Evaluation, types,
@@ -542,9 +524,8 @@ def summary(m: dict) -> str:
              f"{neurons}{m['attention_macs_pct']:g} % of the attention MACs; BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs "
              f"unpruned) in {m['seconds']:.1f} s without retraining (tuning: {m['tuning']})"]
     if "latency_budget" in m:
-        lines.append(f"{m['latency_pct_measured']:g} % of the unpruned model's latency measured in CTranslate2 ({m['latency_pct_predicted']:g} % predicted by the latency "
-                     f"table), {m['sentences_per_s_ctranslate2']} against {m['sentences_per_s_ctranslate2_unpruned']} "
-                     "sentences/s")
+        lines.append(f"the latency table predicts {m['latency_pct_predicted']:g} % of the unpruned model's latency in "
+                     "CTranslate2 (measured next)")
     if "export_checkpoint" in m:
         lines.append(f"pruned checkpoint: {m['export_checkpoint']} ({m['params_removed_pct']} % fewer parameters, "
                      f"{m['attention_macs_per_token_pruned']:,} attention MACs per token counted, BLEU "

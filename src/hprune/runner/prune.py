@@ -2,10 +2,14 @@
 procedure of its own). metrics.json is written last (by the verb wrapper): a run without it did not finish."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import importlib.util
 
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import UserError
 from ..files import run_dir
 from ..pruning.heads import check_layout
+from ..rundir import RunDir
 from . import hydra_app
 
 
@@ -17,7 +21,30 @@ def prune(cfg: DictConfig) -> dict:
     method = get_method(p.method, p.get("module"))
     method.validate(p)
     check_layout(p.layout, p.types)
-    return method.prune(Session.open(cfg), cfg, run_dir())
+    if cfg.latency.measure and importlib.util.find_spec("ctranslate2") is None:
+        raise UserError("latency.measure=true needs the ctranslate2 package (latency is measured in it): pip install "
+                        "'hprune[deploy]'")
+    session, out = Session.open(cfg), run_dir()
+    metrics = method.prune(session, cfg, out)
+    if (cfg.latency.measure or p.get("latency_budget") is not None) and RunDir(out).head_mask.exists():
+        metrics.update(latency_of(session, cfg, session.read_mask(RunDir(out).head_mask)))
+    return metrics
+
+
+def latency_of(session, cfg: DictConfig, mask: dict) -> dict:
+    """The pruned model's latency in CTranslate2 against the unpruned model's (deploy/latency.py), as metrics."""
+    from ..deploy.latency import LatencySettings, measured
+
+    settings = LatencySettings(**cfg.latency)
+    seconds = measured({"pruned": lambda: session.pruned_copy(mask),
+                        "unpruned": lambda: session.pruned_copy(session.unpruned_mask())},
+                       session.loaded.cfg.model, session.dictionaries, session.source_tokens(settings.split), settings)
+    pct = round(100 * seconds["pruned"] / seconds["unpruned"], 2)
+    print(f"latency in CTranslate2 ({settings.compute_type}, {settings.threads} thread(s), beam {settings.beam}): "
+          f"{pct:g} % of the unpruned model's ({1 / seconds['pruned']:.1f} against {1 / seconds['unpruned']:.1f} "
+          "sentences/s)")
+    return {"latency_pct_measured": pct, "latency_speedup": round(seconds["unpruned"] / seconds["pruned"], 3),
+            "latency_settings": {k: v for k, v in OmegaConf.to_container(cfg.latency).items() if k != "measure"}}
 
 
 main = hydra_app("prune")(prune)
