@@ -24,15 +24,21 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs, a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 13 min on 2 cores after the install)
+demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs (heads, then heads and FFN neurons; their latency in CTranslate2), a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 14 min on 2 cores after the install)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
 	# Michel et al.: the three attention types pooled, against three other orders; every type removed whole
+	# (latency.measure: the chosen mask's latency in CTranslate2, for the report's accuracy-latency frontier)
 	$(VENV)/bin/hprune prune --method michel ckpt=outputs/demo prune.step_pct=25 \
-		"prune.baselines=[random,confidence,lrp]" "prune.ablations=[types]" hydra.run.dir=outputs/demo/prune
-	# Kwon et al.: the heads that fit in half the attention MACs, without retraining
-	$(VENV)/bin/hprune prune --method fisher ckpt=outputs/demo prune.macs_budget=0.5 hydra.run.dir=outputs/demo/fisher
+		"prune.baselines=[random,confidence,lrp]" "prune.ablations=[types]" latency.measure=true \
+		hydra.run.dir=outputs/demo/prune
+	# Kwon et al.: the heads that fit in half the attention MACs, without retraining; then their whole framework,
+	# heads and FFN neurons under one budget, half the MACs of both
+	$(VENV)/bin/hprune prune --method fisher ckpt=outputs/demo prune.macs_budget=0.5 latency.measure=true \
+		hydra.run.dir=outputs/demo/fisher
+	$(VENV)/bin/hprune prune --method fisher ckpt=outputs/demo prune.macs_budget=0.5 "prune.units=[heads,neurons]" \
+		latency.measure=true hydra.run.dir=outputs/demo/fisher_ffn
 	# Voita et al.: gates on the encoder self-attention; λ = 0 is the control (the same extra training, no penalty)
 	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,1,4 \
 		prune.optim.max_update=400 prune.optim.lr=0.005 hydra.sweep.dir=outputs/demo/voita

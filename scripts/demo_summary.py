@@ -89,6 +89,16 @@ def main(demo: Path) -> None:
                                                      "fisher") and pd.notna(row[c])]
         print(f"  at the same {row['attention MACs kept %']:g} % of the attention MACs: fisher {row['fisher']:.2f}, "
               + ", ".join(f"{c} {row[c]:.2f}" for c in others) + " (curves interpolated)")
+    ffn_run = demo / "fisher_ffn" / "metrics.json"
+    if ffn_run.exists():  # Kwon et al.'s whole framework, and what both runs buy in CTranslate2
+        ffn = json.loads(ffn_run.read_text())
+        print(f"  heads + FFN neurons at half the MACs of both: {ffn['kept_heads']} heads and {ffn['kept_neurons']} of "
+              f"{ffn['neurons_pool']} neurons kept, BLEU {ffn['bleu']:.2f}, "
+              f"{100 * ffn['macs_per_token_pruned'] / ffn['macs_per_token_unpruned']:.1f} % of the model's MACs counted; "
+              f"latency in CTranslate2 {ffn['latency_pct_measured']:g} % of the unpruned model's (heads only, above: "
+              f"{fisher.get('latency_pct_measured', float('nan')):g} %)")
+    if (demo / "report" / "frontier.csv").exists():
+        print(f"  BLEU against latency, every run that measured it: {demo / 'report' / 'plots' / 'frontier_demo.png'}")
     print(f"the λ = 0 control changed BLEU by {found['control_change']:+.2f} (continued training alone)")
     print(f"head roles on the start model: {analyzed['positional_heads']} positional, {analyzed['syntactic_heads']} "
           f"syntactic, {analyzed['rare_heads']} rare-token of 12 encoder self-attention heads "

@@ -148,3 +148,23 @@ def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def frontier(table: pd.DataFrame, path: Path | list[Path], title: str = "") -> Path:
+    """BLEU against the latency measured in CTranslate2 and against the model's MACs (one panel each), a point per
+    run coloured by method; the frontier's runs ringed and joined."""
+    plt = _figure()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x in zip(axes, ("latency %", "model MACs %")):
+        for method, rows in table.groupby("method", sort=False):
+            ax.scatter(rows[x], rows["bleu"], label=method, zorder=3)
+        best = table[table["frontier"]].dropna(subset=[x]).sort_values(x)
+        ax.plot(best[x], best["bleu"], color="black", linewidth=1, zorder=2)
+        ax.scatter(best[x], best["bleu"], s=120, facecolors="none", edgecolors="black", zorder=4,
+                   label="frontier (latency)")
+        ax.set_xlabel(f"{x} of the unpruned model" + (" (CTranslate2, measured)" if x == "latency %" else ""))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("BLEU")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(title)
+    return _save(fig, path)

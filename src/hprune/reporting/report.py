@@ -216,6 +216,7 @@ def build(cfg: DictConfig, out: Path, complete: Optional[Callable[[dict, dict], 
                  "extra training without the pressure to prune): delta_bleu_control against it, delta_bleu against "
                  "the start", trained)
     _knob_plots(report, trained, collection.runs)
+    _frontier(report, tables.frontier(collection))
     report.table("moa", "Mixture of attention heads: experts, cost and BLEU", tables.moa(collection))
     report.table("runs", "Runs", runs)
     _run_heatmaps(report, collection.runs[collection.runs["verb"].isin(["prune", "eval"])])
@@ -231,6 +232,20 @@ def build(cfg: DictConfig, out: Path, complete: Optional[Callable[[dict, dict], 
               "; ".join(f"{run} ({why})" for run, why in collection.incomplete))
     print(f"{len(collection.runs)} runs -> {out / 'report.md'}")
     return {"runs": len(collection.runs), "incomplete": len(collection.incomplete)}
+
+
+def _frontier(report: Report, table: pd.DataFrame) -> None:
+    """What pruning buys where it is spent: BLEU against the latency measured in CTranslate2, per model."""
+    if table.empty:
+        return
+    table.insert(0, "model", table.pop("checkpoint").map(_model_label))
+    report.table("frontier", "Accuracy against latency: each run's BLEU and its latency in CTranslate2 (measured, % "
+                 "of the unpruned model's), its MACs per target token (% of the model's, where counted); frontier: no "
+                 "run of the model has both a higher BLEU and a lower latency", table)
+    for model, rows in table.groupby("model", sort=False):
+        report.figure(f"frontier_{_slug(model)}", f"BLEU against latency and MACs: {model}",
+                      lambda paths, rows=rows: plots.frontier(rows, paths, f"{model}: BLEU against latency "
+                                                                            "(CTranslate2) and MACs"))
 
 
 def _controls(runs: pd.DataFrame) -> str:

@@ -116,7 +116,9 @@ def pruning_points(collection: Collection) -> pd.DataFrame:
         parts.append(curves.drop(columns=["step", "bleu_control"]))
     curve_runs = set(collection.curves["run"]) if not collection.curves.empty else set()
     if "method" in runs:
-        single = runs[(runs["verb"] == "prune") & ~runs["run"].isin(curve_runs)]
+        # (a run that pruned FFN neurons too is no point on a heads axis: the frontier table holds it)
+        neurons = runs["kept_neurons"].notna() if "kept_neurons" in runs else False
+        single = runs[(runs["verb"] == "prune") & ~runs["run"].isin(curve_runs) & ~neurons]
         single = single.reindex(columns=POINT_COLUMNS + ["path", "bleu_control", "control_path", "control_label"])
         controlled = single["bleu_control"].notna()
         single["hyp"] = "pruned"
@@ -282,6 +284,34 @@ def matched_macs(collection: Collection, group_by: list[str] = ()) -> pd.DataFra
                     row.setdefault(method, float(near["bleu"].mean()) if len(near) else float("nan"))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def frontier(collection: Collection) -> pd.DataFrame:
+    """What pruning buys: every prune run whose latency in CTranslate2 was measured (latency.measure, or a latency
+    budget), BLEU against that latency and against the whole model's MACs per target token (where the run exported
+    and counted them), per model; `frontier` marks the runs no other run of the model beats at once in BLEU and
+    latency (the accuracy-latency frontier)."""
+    runs = collection.runs
+    if "latency_pct_measured" not in runs or runs["latency_pct_measured"].isna().all():
+        return pd.DataFrame()
+    runs = runs.dropna(subset=["latency_pct_measured"])
+    rows = []
+    for run in runs.itertuples():
+        get = lambda key: getattr(run, key, float("nan"))  # noqa: E731
+        macs = 100 * get("macs_per_token_pruned") / get("macs_per_token_unpruned") \
+            if pd.notna(get("macs_per_token_pruned")) else float("nan")
+        rows.append({"checkpoint": run.checkpoint, "run": run.run, "method": run.method, "bleu": run.bleu,
+                     "latency %": run.latency_pct_measured, "speed-up": get("latency_speedup"),
+                     "model MACs %": round(macs, 2), "attention MACs %": get("attention_macs_pct"),
+                     "kept heads": get("kept_heads"), "kept neurons": get("kept_neurons")})
+    table = pd.DataFrame(rows)
+    def beaten(i: int) -> bool:  # another run of the model at least as good in both, better in one
+        bleu, latency = table.at[i, "bleu"], table.at[i, "latency %"]
+        same = table[table["checkpoint"] == table.at[i, "checkpoint"]]
+        return bool(((same["bleu"] >= bleu) & (same["latency %"] <= latency)
+                     & ((same["bleu"] > bleu) | (same["latency %"] < latency))).any())
+    table["frontier"] = [not beaten(i) for i in table.index]
+    return table.sort_values(["checkpoint", "latency %"]).reset_index(drop=True)
 
 
 def over_seeds(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
