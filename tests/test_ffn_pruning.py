@@ -205,3 +205,19 @@ def test_a_latency_budget_is_met_in_ctranslate2_and_its_table_is_kept(trained_ru
     proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'free'}", *FISHER,
                   "prune.latency_budget=0.5", check=False)
     assert_one_line_error(proc, "prune.layout=per_stack")
+
+
+def test_the_frontier_marks_the_runs_no_other_beats_in_both():
+    """Per model: a run is on the accuracy-latency frontier unless another run of the same model has at least its
+    BLEU at no more latency, and is better in one; runs without a measured latency are left out."""
+    from hprune.reporting.collect import Collection
+    from hprune.reporting.tables import frontier
+    runs = pd.DataFrame({"checkpoint": ["a", "a", "a", "a", "b"], "run": ["r1", "r2", "r3", "r4", "r5"],
+                         "method": ["fisher"] * 5, "bleu": [90.0, 80.0, 85.0, 70.0, 10.0],
+                         "latency_pct_measured": [80.0, 70.0, 90.0, float("nan"), 99.0],
+                         "macs_per_token_pruned": [50.0, float("nan"), 60.0, 40.0, 90.0],
+                         "macs_per_token_unpruned": [100.0] * 5})
+    table = frontier(Collection(runs, pd.DataFrame()))
+    assert dict(zip(table["run"], table["frontier"])) == {"r1": True, "r2": True, "r3": False, "r5": True}
+    assert dict(zip(table["run"], table["model MACs %"])) == pytest.approx({"r1": 50.0, "r2": float("nan"), "r3": 60.0,
+                                                                           "r5": 90.0}, nan_ok=True)
