@@ -10,7 +10,9 @@ model's (flops.unit_costs, counted on a batch of the test split):
 64 test sentences, beam 4, every hypothesis forced to 30 tokens (the same decoding steps), CTranslate2 int8 on 1
 and 2 threads; the models alternate, the best of 3 rounds (deploy.ctranslate2.sentences_per_s). The MAC-predicted
 speed-up counts the whole model's MACs per target token (embeddings and the output projection, which no pruning
-touches, included). Goal: >= 2.0x in CTranslate2 int8 at half the MACs.
+touches, included). Goal: >= 2.0x in CTranslate2 int8 at half the MACs. Then the latency table hprune's latency
+budget searches with (deploy/latency.py: whole translations of this model's pruned copies, the same settings on 1
+thread) predicts each model's latency: goal within 10 % of the measured.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from common import base_checkpoint, config, prepared_data
 
 from hprune import backend
 from hprune.deploy import ctranslate2 as writer
+from hprune.deploy.latency import LatencySettings, latency_table
 from hprune.flops import macs_per_token, mask_macs, unit_costs
 from hprune.pruning.heads import ffn_layout, layout
 
@@ -85,12 +88,25 @@ def main() -> None:
             for name in choices:
                 rows[name][threads] = speed[name]
 
+        # the latency table (deploy/latency.py) measured for this model with the settings above (1 thread), and its
+        # prediction for each model against the measured latency
+        settings = LatencySettings(threads=1, beam=BEAM, sentences=SENTENCES, length=LENGTH, rounds=ROUNDS)
+        table = latency_table(model, lambda ids: backend.pruned_model(full, ids), full.cfg.model,
+                              (full.task.source_dictionary, full.task.target_dictionary), sources, settings,
+                              Path(tmp) / "latency")
+        for name, ids in choices.items():
+            widths = {stack: [len(row) for row in ids[kind]] for stack, kind in (("encoder", "enc-ffn"),
+                                                                                ("decoder", "dec-ffn"))}
+            predicted = table.predict({"encoder": len(ids["enc-self"][0]), "decoder": len(ids["dec-self"][0])}, widths)
+            rows[name]["predicted / measured"] = predicted * rows[name][1]  # seconds/sentence × sentences/s
+
     base = rows["unpruned"]
     print(f"  {'model':<28} {'heads':>5} {'FFN':>5} {'MACs':>6} {'1 thread':>9} {'2 threads':>10}  speed-up 1 / 2 thr"
-          f"   predicted  (CTranslate2 int8, sentences/s, beam {BEAM}, {SENTENCES} x {LENGTH} tokens)")
+          f"   predicted  table/measured  (CTranslate2 int8, sentences/s, beam {BEAM}, {SENTENCES} x {LENGTH} tokens)")
     for name, r in rows.items():
         print(f"  {name:<28} {r['heads']:>5} {r['width']:>5} {100 * r['fraction']:5.1f}% {r[1]:9.1f} {r[2]:10.1f}  "
-              f"{r[1] / base[1]:6.3f} / {r[2] / base[2]:6.3f}   {base['macs'] / r['macs']:6.3f}")
+              f"{r[1] / base[1]:6.3f} / {r[2] / base[2]:6.3f}   {base['macs'] / r['macs']:6.3f}     "
+              f"{r['predicted / measured']:6.3f}")
     half, same_row, heads_row = rows["heads + FFN, half the MACs"], rows["heads + FFN, same MACs"], rows["half the heads"]
     two = rows["heads + FFN, half, 2 heads"]
     print(f"CTranslate2 int8 speed-up at half the MACs of attention and FFN (heads + FFN) = "
@@ -100,6 +116,10 @@ def main() -> None:
           f"MACs predict {base['macs'] / two['macs']:.3f}); at the MACs of half "
           f"the heads: heads + FFN {same_row[1] / base[1]:.3f} / {same_row[2] / base[2]:.3f} against heads only "
           f"{heads_row[1] / base[1]:.3f} / {heads_row[2] / base[2]:.3f}  [transformer_base]")
+    error = max(abs(r["predicted / measured"] - 1) for r in rows.values())
+    print(f"latency table (1 thread): predicted / measured latency of these models "
+          f"{', '.join(format(r['predicted / measured'], '.3f') for r in rows.values())}; largest error "
+          f"{100 * error:.1f} % (goal <= 10 %)")
 
 
 if __name__ == "__main__":

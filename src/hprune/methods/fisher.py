@@ -20,12 +20,18 @@ No training; four stages, each evaluated so that the ablation is recorded (stage
 Each stage is tested against the one before it (stages.csv: p_vs_previous, sacreBLEU's paired bootstrap on the
 test sentences, significance.resamples or 1000).
 
+prune.units=[heads,neurons]: the FFN neurons too, the paper's whole framework (a mask on each neuron's activation,
+fc2's input): their Fisher from the same rows, the reference's search over both under one budget on the MACs of
+attention and FFN (each number of heads, the neurons filling the rest), rearrangement and tuning per FFN (the
+normal equations from fc2's Gram, solved damped toward 1 as the reference's LSMR). prune.latency_budget: the same
+search on a CTranslate2 latency table measured on this machine (deploy/latency.py), per_stack.
+
 Where hprune departs from the reference: the loss is the NLL of whole sentences, as the reference's is the
-cross-entropy of its examples (not the checkpoint's label-smoothed training loss); heads only (the reference
-prunes FFN neurons too, in one budget); the budget is on the attention MACs of prune.types, not on the whole
-model; the least squares fit the scales alone (the reference fits a constant too and drops it, which can leave the
-error above the untuned one); the first self-attention of the encoder and of the decoder is not tuned, as the
-reference leaves its first layer (teacher and student see the same input there).
+cross-entropy of its examples (not the checkpoint's label-smoothed training loss); heads only by default, their
+budget on the attention MACs of prune.types, not on the whole model; the least squares of heads fit the scales
+alone, undamped (the reference fits a constant too and drops it, which can leave the error above the untuned one);
+the first self-attention of the encoder and of the decoder is not tuned, as the reference leaves its first layer
+(teacher and student see the same input there); the latency table times whole translations (docs/methods.md).
 """
 from __future__ import annotations
 
@@ -90,7 +96,7 @@ def check_settings(p: DictConfig) -> None:
     units = list(p.units)
     if not units or set(units) - set(UNITS) or len(set(units)) < len(units):
         raise UserError(f"prune.units={units}: choose heads, neurons (FFN hidden units) or both, e.g. "
-                        "prune.units=[heads,neurons]")
+                        "prune.units=[heads,neurons] (an MoA layer's experts are pruned as its heads)")
     if p.latency_budget is not None:
         if not 0 < p.latency_budget <= 1:
             raise UserError(f"prune.latency_budget={p.latency_budget} is outside (0, 1]: it is the fraction of the "
@@ -263,16 +269,16 @@ def _real(sample: dict, attn_type: str, pad: int) -> torch.Tensor:
     return tokens.ne(pad).t()
 
 
-def _residual_goals(student, teacher, key, sample: dict) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One forward of each model on `sample`: the teacher's sublayer output plus its residual, less the student's
-    residual (what the student's sublayer output should be), and the student's output, at sublayer `key`."""
+def _goal(student, teacher, key, sample: dict) -> torch.Tensor:
+    """One forward of each model on `sample`: the teacher's output of sublayer `key` plus its residual, less the
+    student's residual: what the student's sublayer output should be."""
     seen_teacher, seen_student = [], []
     with teacher.capture_residuals(forward_order(teacher)[key], seen_teacher):  # (the plugin's: where it joins)
         teacher(**sample["net_input"])
     with student.capture_residuals(forward_order(student)[key], seen_student):
         student(**sample["net_input"])
-    (update_t, residual_t), (update_s, residual_s) = seen_teacher[0], seen_student[0]
-    return update_t + residual_t - residual_s, update_s
+    (update_t, residual_t), (_, residual_s) = seen_teacher[0], seen_student[0]
+    return update_t + residual_t - residual_s
 
 
 @torch.no_grad()
@@ -288,7 +294,7 @@ def neuron_least_squares(student, teacher, ffn_type: str, layer: int, batches: L
     student.record_neurons(inputs=True)
     try:
         for sample in batches:
-            goal, _ = _residual_goals(student, teacher, (ffn_type, layer), sample)
+            goal = _goal(student, teacher, (ffn_type, layer), sample)
             real = _real(sample, ffn_type, pad)
             goal = goal[real].double() - (fc2.bias.double() if fc2.bias is not None else 0.0)
             a = fc2.neuron_inputs[real][:, units].double()  # (tokens, kept)
@@ -310,7 +316,7 @@ def least_squares(student, teacher, attn_type: str, layer: int, batches: List[di
     for sample in batches:
         module.record_contributions = True
         try:
-            goal, _ = _residual_goals(student, teacher, (attn_type, layer), sample)
+            goal = _goal(student, teacher, (attn_type, layer), sample)
             shares = module.unit_contributions.permute(2, 0, 1, 3)  # (len, batch, units, d)
         finally:
             module.record_contributions, module.unit_contributions = False, None
@@ -408,21 +414,18 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         neuron_order = [unit for unit in order if unit not in head_pool]
         found = [search_latency(head_sets, by_unit, fraction * latency.unpruned, latency, model, head_pool, neuron_order,
                                 neurons) for fraction in (p.latency_budget, math.sqrt(p.latency_budget))]
-    elif p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
-        if neurons:
-            head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if head_pool else [set()]
-        else:
-            found = [search_per_stack(by_unit, fraction * base, costs, types, model, pool, layer_floor(p.layout, 0))
-                     for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
     elif neurons:  # the reference's sweep: each number of heads (at least one), the neurons filling the rest
         head_order = [unit for unit in order if unit in head_pool]
-        head_sets = [set(head_order[:n]) for n in range(min(1, len(head_order)), len(head_order) + 1)]
+        head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if p.layout == "per_stack" else \
+            [set(head_order[:n]) for n in range(min(1, len(head_order)), len(head_order) + 1)]
+        neuron_order = [unit for unit in order if unit not in head_pool]
+        found = [search_with_neurons(head_sets or [set()], by_unit, fraction * base, costs, types, model, neuron_order)
+                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
+    elif p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
+        found = [search_per_stack(by_unit, fraction * base, costs, types, model, pool, layer_floor(p.layout, 0))
+                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
     else:
         found = [search(order, fraction * base, costs, types, model, pool)
-                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
-    if neurons and p.latency_budget is None:
-        neuron_order = [unit for unit in order if unit not in head_pool]
-        found = [search_with_neurons(head_sets, by_unit, fraction * base, costs, types, model, neuron_order)
                  for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
     kept, teacher_kept = {"search": found[0]}, found[1]
     seconds["search"] = time.perf_counter() - started
