@@ -221,3 +221,26 @@ def test_the_frontier_marks_the_runs_no_other_beats_in_both():
     assert dict(zip(table["run"], table["frontier"])) == {"r1": True, "r2": True, "r3": False, "r5": True}
     assert dict(zip(table["run"], table["model MACs %"])) == pytest.approx({"r1": 50.0, "r2": float("nan"), "r3": 60.0,
                                                                            "r5": 90.0}, nan_ok=True)
+
+
+def test_settings_that_cannot_work_are_refused(monkeypatch):
+    """Before any work, one line each: a latency budget without ctranslate2 (names the extra), outside (0, 1],
+    units that are not heads or neurons (an MoA model's experts are its heads)."""
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    from hprune.errors import UserError
+    from hprune.methods.fisher import FisherSettings, check_settings
+    settings = OmegaConf.structured(FisherSettings(types=["enc-self"], layout="per_stack", latency_budget=0.5))
+    check_settings(settings)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ctranslate2" else real(name, *a))
+    with pytest.raises(UserError, match=r"needs the ctranslate2 package.*hprune\[deploy\]"):
+        check_settings(settings)
+    monkeypatch.undo()
+    for key, value, words in (("latency_budget", 1.5, "outside"), ("units", ["experts"], "experts are pruned as its heads")):
+        bad = settings.copy()
+        bad[key] = value
+        with pytest.raises(UserError, match=words):
+            check_settings(bad)

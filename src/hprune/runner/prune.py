@@ -28,6 +28,9 @@ def prune(cfg: DictConfig) -> dict:
     metrics = method.prune(session, cfg, out)
     if (cfg.latency.measure or p.get("latency_budget") is not None) and RunDir(out).head_mask.exists():
         metrics.update(latency_of(session, cfg, session.read_mask(RunDir(out).head_mask)))
+        if "latency_pct_predicted" in metrics:  # how far a latency table's prediction held
+            metrics["latency_prediction_ratio"] = round(metrics["latency_pct_predicted"]
+                                                        / metrics["latency_pct_measured"], 4)
     return metrics
 
 
