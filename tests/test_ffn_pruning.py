@@ -244,3 +244,10 @@ def test_settings_that_cannot_work_are_refused(monkeypatch):
         bad[key] = value
         with pytest.raises(UserError, match=words):
             check_settings(bad)
+
+
+def test_timing_noise_is_pooled_into_a_monotone_curve():
+    """Pool adjacent violators: the closest non-decreasing curve in least squares (a worked case)."""
+    from hprune.deploy.latency import monotone
+    assert monotone({0: 1.0, 1: 3.0, 2: 2.0, 3: 4.0}) == {0: 1.0, 1: 2.5, 2: 2.5, 3: 4.0}
+    assert monotone({1: 5.0, 2: 1.0, 3: 0.0}) == {1: 2.0, 2: 2.0, 3: 2.0}

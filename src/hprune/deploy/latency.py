@@ -6,7 +6,8 @@ the model's own pruned copies: the unpruned model; each encoder head count k (ev
 heads, the rest unpruned) and each decoder head count; every encoder FFN at each width of a grid, and every
 decoder FFN. A mask's latency is predicted additively from the unpruned model's: what its encoder and decoder head
 counts save, and what each layer's FFN width saves (the stack's saving at that width, interpolated linearly
-between grid widths, over its layers). Translations are forced to a fixed length (the same decoding steps for
+between grid widths, over its layers). Each curve is made monotone (more units never take less time) and measured
+against the median of the five unpruned timings. Translations are forced to a fixed length (the same decoding steps for
 every model). The table is kept in `<data_root>/latency/`, keyed by the settings, the model's dimensions, the
 CTranslate2 version and the processor, and built once.
 """
@@ -84,6 +85,19 @@ class LatencyTable:
         tables = ("encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn")
         return cls(**{key: ({int(k): v for k, v in value.items()} if key in tables else value)
                       for key, value in data.items()})
+
+
+def monotone(points: Dict[int, float]) -> Dict[int, float]:
+    """The closest non-decreasing curve in least squares (pool adjacent violators): timing noise would otherwise
+    make a unit's removal cost time."""
+    blocks: List[List[float]] = []  # [mean, count]
+    for key in sorted(points):
+        blocks.append([points[key], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_a, n_a), (mean_b, n_b) = blocks.pop(-2), blocks.pop()
+            blocks.append([(mean_a * n_a + mean_b * n_b) / (n_a + n_b), n_a + n_b])
+    values = [mean for mean, count in blocks for _ in range(count)]
+    return dict(zip(sorted(points), values))
 
 
 def dimensions(model) -> dict:
@@ -170,12 +184,19 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
              "%d models", settings.compute_type, settings.threads, settings.beam, len(sources), length, len(grid))
     seconds = measured({name: (lambda kept=kept: pruned_copy(kept)) for name, kept in grid.items()}, model_cfg,
                        dictionaries, sources, settings)
-    family = lambda prefix: {int(name.split()[1]): value for name, value in seconds.items()  # noqa: E731
-                             if name.startswith(prefix + " ")}
-    full = [seconds["unpruned"], seconds[f"encoder_heads {enc_heads}"], seconds[f"decoder_heads {dec_heads}"],
-            seconds[f"encoder_ffn {enc_ffn}"], seconds[f"decoder_ffn {dec_ffn}"]]
-    table = LatencyTable(unpruned=statistics.median(full), encoder_heads=family("encoder_heads"),
-                         decoder_heads=family("decoder_heads"), encoder_ffn=family("encoder_ffn"),
-                         decoder_ffn=family("decoder_ffn"), layers={"encoder": n_enc, "decoder": n_dec}, key=key)
+    full = statistics.median([seconds["unpruned"], seconds[f"encoder_heads {enc_heads}"],
+                              seconds[f"decoder_heads {dec_heads}"], seconds[f"encoder_ffn {enc_ffn}"],
+                              seconds[f"decoder_ffn {dec_ffn}"]])
+
+    def family(prefix: str) -> Dict[int, float]:
+        """One family's curve: the unpruned point is the median of all five (one slow round of one of them would
+        otherwise shift the whole family's savings), and latency may not fall as units are added (pooled)."""
+        points = {int(name.split()[1]): value for name, value in seconds.items() if name.startswith(prefix + " ")}
+        points[max(points)] = full
+        return monotone(points)
+
+    table = LatencyTable(unpruned=full, encoder_heads=family("encoder_heads"), decoder_heads=family("decoder_heads"),
+                         encoder_ffn=family("encoder_ffn"), decoder_ffn=family("decoder_ffn"),
+                         layers={"encoder": n_enc, "decoder": n_dec}, key=key)
     write_json(path, table.to_json())
     return table
