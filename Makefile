@@ -24,7 +24,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs (heads, then heads and FFN neurons; their latency in CTranslate2), a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 14 min on 2 cores after the install)
+demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs (heads, then heads and FFN neurons; their latency in CTranslate2), a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 16 min on 2 cores after the install)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
