@@ -28,6 +28,7 @@ from .ctranslate2 import _ctranslate2, model_spec, save, sentences_per_s
 
 log = logging.getLogger(__name__)
 WIDTH_STEPS = 8  # FFN widths timed: d_ff · i / 8 for i = 0..8 (width 0 is written as one zero neuron)
+TABLE_VERSION = 2  # in the cache key: a table built the way an earlier hprune built it is measured again
 
 
 @dataclass
@@ -135,7 +136,7 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
 def table_key(settings: LatencySettings, model, length: int) -> str:
     ctranslate2 = _ctranslate2("prune.latency_budget")
     kept = {key: value for key, value in asdict(settings).items() if key not in ("measure", "split")}
-    what = {"settings": {**kept, "length": length}, "model": dimensions(model),
+    what = {"version": TABLE_VERSION, "settings": {**kept, "length": length}, "model": dimensions(model),
             "ctranslate2": ctranslate2.__version__, "processor": _processor()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
