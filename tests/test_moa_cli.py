@@ -56,6 +56,7 @@ def test_train_eval_and_expert_pruning_end_to_end(moa_run, evaluated_run, tmp_pa
     assert evaluation["bleu"] == pruned["export_bleu"] and evaluation["n_params"] == pruned["n_params_pruned"]
 
 
+@pytest.mark.slow  # 52 s (gates that converge to the budget); fisher, DSP and LRP on experts stay in `make test`
 def test_voita_gates_on_experts_fold_into_the_same_translations_and_export(moa_run, tmp_path):
     """Hard Concrete gates on the 24 enc-self experts with a head budget: a closed gate is an expert out of the
     router, so the read-out (gates folded into W_o, closed experts masked) translates as the gated model does,

@@ -40,7 +40,7 @@ COMMON = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encod
           "--encoder-attention-heads", "4", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
           "--decoder-layers", "2", "--decoder-attention-heads", "4", "--dropout", "0.1",
           "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt",
-          "--warmup-updates", "30", "--max-tokens", "4096", "--max-update", "120", "--disable-validation",
+          "--warmup-updates", "30", "--max-tokens", "2048", "--max-update", "120", "--disable-validation",
           "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1", "--cpu", "--log-format", "simple"]
 METHODS = {
     "michel": ["prune.step_pct=25", "prune.target_pct=25", "prune.export=true"],
