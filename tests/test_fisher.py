@@ -133,6 +133,29 @@ def test_mask_tuning_is_the_least_squares_solution_and_lowers_the_error(loaded):
     assert error(ours) < error(torch.ones(2, dtype=torch.float64))
 
 
+def test_the_tuning_teacher_keeps_every_unit_the_student_keeps(loaded):
+    """A looser search may keep other heads than the student (other counts per stack): tuning toward a teacher
+    without encoder layer 1's head 0, which the student keeps, is tuning toward the teacher with it (the unpruned
+    model here), not a fit that scales that head away."""
+    from types import SimpleNamespace
+
+    from hprune import backend
+    from hprune.methods.fisher import tune
+    from hprune.pruning.heads import mask_without
+
+    batches = list(backend.batches(loaded, "valid", 600, 2))
+    student = mask_without(loaded.model, {("enc-self", 1, 1), ("enc-self", 1, 3), ("dec-enc", 2, 0)})
+    tuned = {}
+    for name, teacher in (("without head 0", mask_without(loaded.model, {("enc-self", 1, 0)})),
+                          ("unpruned", mask_without(loaded.model, ()))):
+        model = copy.deepcopy(loaded.model).eval()
+        session = SimpleNamespace(model=model, set_mask=model.set_head_mask, pad=loaded.task.target_dictionary.pad())
+        tuned[name], stopped = tune(session, teacher, student, ["enc-self", "dec-self", "dec-enc"], batches, 10.0)
+        assert stopped == "done"
+    assert tuned["without head 0"] == pytest.approx(tuned["unpruned"], abs=1e-9)
+    assert tuned["unpruned"][("enc-self", 1, 0)] != pytest.approx(1.0)  # (the student's layer 1 is fitted)
+
+
 def test_fisher_end_to_end_meets_the_budget_in_counted_macs(trained_run, tmp_path):
     out = tmp_path / "run"
     hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, "prune.macs_budget=0.6")

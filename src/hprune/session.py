@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from . import backend
 from .data.kinds import DataKind, get_kind
 from .data.prepare import model_languages, prefixes, prepare, test_set_of
+from .deploy.latency import LatencySettings, LatencyTable, latency_table, measured
 from .pruning.heads import Mask, ffn_layout, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,18 @@ class Session:
     def pruned_copy(self, mask: Mask) -> torch.nn.Module:
         """An fp32 CPU copy of the model with the heads `mask` drops physically removed."""
         return backend.pruned_model(self.loaded, kept_ids(mask))
+
+    def latency(self, mask: Mask, settings: LatencySettings) -> dict[str, float]:
+        """Seconds per sentence in CTranslate2 of the model under `mask` ("pruned") and of the unpruned model,
+        timed side by side (deploy/latency.measured)."""
+        return measured({"pruned": lambda: self.pruned_copy(mask),
+                            "unpruned": lambda: self.pruned_copy(self.unpruned_mask())},
+                        self.loaded.cfg.model, self.dictionaries, self.source_tokens(settings.split), settings)
+
+    def latency_table(self, settings: LatencySettings, cache: Path) -> LatencyTable:
+        """The model's CTranslate2 latency table (deploy/latency.py): measured once, then read from `cache`."""
+        return latency_table(self.model, lambda ids: backend.pruned_model(self.loaded, ids), self.loaded.cfg.model,
+                             self.dictionaries, self.source_tokens(settings.split), settings, cache)
 
     def write_pruned(self, mask: Mask, dest: Path, config_from: Optional[Path] = None) -> "Session":
         """The checkpoint of the model with the heads `mask` drops physically removed, written to `dest` and

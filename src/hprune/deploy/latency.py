@@ -10,6 +10,11 @@ between grid widths, over its layers). Each curve is made monotone (more units n
 against the median of the five unpruned timings. Translations are forced to a fixed length (the same decoding steps for
 every model). The table is kept in `<data_root>/latency/`, keyed by the settings, the model's dimensions, the
 CTranslate2 version and the processor, and built once.
+
+The table's additive prediction errs where cuts add up (many heads and neurons at once) and where a whole
+translation takes a millisecond, so a search on it is checked by measurement (`calibrated`): the mask found is
+timed against the unpruned model and, while it is slower than the budget, searched again on a target scaled by
+what was measured.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
+from ..errors import UserError
 from ..files import write_json
 from .ctranslate2 import _ctranslate2, model_spec, save, sentences_per_s
 
@@ -34,7 +40,8 @@ TABLE_VERSION = 2  # in the cache key: a table built the way an earlier hprune b
 @dataclass
 class LatencySettings:
     """How latency is measured: CTranslate2's compute type and threads, beam size, how many sentences of which
-    split, the length every translation is forced to (None: the sources' mean length), timing rounds."""
+    split, the length every translation is forced to (None: the sources' mean length), timing rounds; and how many
+    times a latency budget's mask is measured and searched again (`calibrated`; 0: the table's prediction alone)."""
     measure: bool = False
     split: str = "valid"
     compute_type: str = "int8"
@@ -43,6 +50,7 @@ class LatencySettings:
     sentences: int = 64
     length: int | None = None
     rounds: int = 3
+    calibrate: int = 3
 
 
 @dataclass
@@ -135,7 +143,7 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
 
 def table_key(settings: LatencySettings, model, length: int) -> str:
     ctranslate2 = _ctranslate2("prune.latency_budget")
-    kept = {key: value for key, value in asdict(settings).items() if key not in ("measure", "split")}
+    kept = {key: value for key, value in asdict(settings).items() if key not in ("measure", "split", "calibrate")}
     what = {"version": TABLE_VERSION, "settings": {**kept, "length": length}, "model": dimensions(model),
             "ctranslate2": ctranslate2.__version__, "processor": _processor()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
@@ -201,3 +209,32 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
                          layers={"encoder": n_enc, "decoder": n_dec}, key=key)
     write_json(path, table.to_json())
     return table
+
+
+def calibrated(search: Callable[[float], object], measure: Callable[[object, float], float], budget: float,
+               rounds: int) -> tuple:
+    """A latency budget met in measurement, not only in the table: search(target) finds a mask for a target
+    fraction of the unpruned latency as the table predicts it (UserError when the table has none), measure(mask,
+    target) times it (a fraction of the unpruned model's latency). Starting at the budget, while the mask measured is slower
+    than the budget, the target is scaled by budget / measured and searched again (until the search finds another
+    mask), at most `rounds` measurements. Returns the last mask found, the target it was found for, and each
+    measurement as {"target", "measured"} (empty with rounds=0)."""
+    target, found, history = budget, search(budget), []
+    while len(history) < rounds:
+        fraction = measure(found, target)
+        history.append({"target": round(target, 4), "measured": round(fraction, 4)})
+        if fraction <= budget or len(history) == rounds:
+            break
+        tighter = target
+        for _ in range(100):  # the table's masks are discrete: scale until the search finds another one
+            tighter *= budget / fraction
+            try:
+                candidate = search(tighter)
+            except UserError:  # the table has no faster mask: the last one measured stays
+                return found, target, history
+            if candidate != found:
+                break
+        else:
+            return found, target, history
+        target, found = tighter, candidate
+    return found, target, history

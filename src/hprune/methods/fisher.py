@@ -48,10 +48,9 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from .. import backend
 from ..attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
 from ..deploy.fairseq_checkpoint import write_checked
-from ..deploy.latency import LatencySettings, latency_table
+from ..deploy.latency import LatencySettings, calibrated
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
@@ -341,10 +340,15 @@ def damped_toward_one(gram: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], max_scale: float) -> Tuple[dict, str]:
     """Fold the least-squares scales into the kept heads (and neurons, where `types` has FFN types), sublayer by
-    sublayer from the bottom. Returns {(type, layer, unit): scale} and why tuning stopped (or "done")."""
+    sublayer from the bottom. Returns {(type, layer, unit): scale} and why tuning stopped (or "done").
+    The teacher keeps every unit the student keeps besides its own: the looser search that gives it may choose
+    another layout (other head counts per stack; fewer heads and more neurons), and a teacher without some of the
+    student's units would have the tuning undo them (a departure where the reference's is no superset:
+    docs/methods.md)."""
     model = session.model
     teacher = copy.deepcopy(model)
-    teacher.set_head_mask(teacher_mask)
+    teacher.set_head_mask({kind: [[max(t, s) for t, s in zip(row_t, row_s)] for row_t, row_s in zip(rows, mask[kind])]
+                           for kind, rows in teacher_mask.items()})
     session.set_mask(mask)
     model.eval()
     teacher.eval()
@@ -407,13 +411,27 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
             raise UserError("prune.latency_budget is measured in CTranslate2, which has no mixture-of-attention layer: "
                             "prune an MoA model's experts under prune.macs_budget (and its FFN neurons with "
                             "prune.units=[heads,neurons])")
-        latency = latency_table_of(session, cfg)
+        settings = LatencySettings(**cfg.latency)
+        latency = session.latency_table(settings, Path(cfg.paths.data_root) / "latency")
         seconds["latency_table"] = time.perf_counter() - started
         started = time.perf_counter()
         head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if head_pool else [set()]
         neuron_order = [unit for unit in order if unit not in head_pool]
-        found = [search_latency(head_sets, by_unit, fraction * latency.unpruned, latency, model, head_pool, neuron_order,
-                                neurons) for fraction in (p.latency_budget, math.sqrt(p.latency_budget))]
+
+        def search_at(fraction: float) -> set:
+            return search_latency(head_sets, by_unit, fraction * latency.unpruned, latency, model, head_pool,
+                                  neuron_order, neurons)
+
+        def measure(kept: set, target: float) -> float:
+            timed = session.latency(mask_without(model, pool - kept, neurons), settings)
+            fraction = timed["pruned"] / timed["unpruned"]
+            print(f"latency budget {p.latency_budget:g}: the mask found for the table's {100 * target:.1f} % measures "
+                  f"{100 * fraction:.1f} % in CTranslate2 ({settings.compute_type}, {settings.threads} thread(s), "
+                  f"beam {settings.beam})")
+            return fraction
+
+        searched, target, calibration = calibrated(search_at, measure, p.latency_budget, settings.calibrate)
+        found = [searched, search_at(math.sqrt(target))]
     elif neurons:  # the reference's sweep: each number of heads (at least one), the neurons filling the rest
         head_order = [unit for unit in order if unit in head_pool]
         head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if p.layout == "per_stack" else \
@@ -427,7 +445,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     else:
         found = [search(order, fraction * base, costs, types, model, pool)
                  for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
-    kept, teacher_kept = {"search": found[0]}, found[1]
+    kept, looser = {"search": found[0]}, found[1]
     seconds["search"] = time.perf_counter() - started
     if p.rearrange:
         started = time.perf_counter()
@@ -445,7 +463,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
     scales, stopped = {}, "off"
     if p.tune:
         started = time.perf_counter()
-        scales, stopped = tune(session, mask_without(model, pool - teacher_kept, neurons), mask, types, batches,
+        scales, stopped = tune(session, mask_without(model, pool - looser, neurons), mask, types, batches,
                                p.tune_max_scale)
         seconds["tune"] = time.perf_counter() - started
         results["tuned"] = evaluator.evaluate(mask)
@@ -460,6 +478,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
 
     table = pd.DataFrame([{"type": h[0], "layer": h[1], "head": h[2], "fisher": float(importance[i]),
                            "kept_search": int(h in kept["search"]), "kept": int(h in final),
+                           "teacher": int(h in looser or h in final) if p.tune else None,  # as tune() takes it
                            "scale": scales.get(h, 1.0 if h in final else 0.0)}
                           for i, h in enumerate(units) if h[0] in types])
     write_atomic(out / "fisher.csv", table.to_csv(index=False))
@@ -482,23 +501,19 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
-    if p.latency_budget is not None:  # measured after the method (runner/prune.py), beside this prediction
+    if p.latency_budget is not None:  # the table's prediction beside the last measurement (none: the runner's)
         metrics.update(latency_budget=p.latency_budget, latency_table=latency.key,
-                       latency_pct_predicted=round(100 * predicted_latency(latency, model, mask), 2))
+                       latency_pct_predicted=round(100 * predicted_latency(latency, model, mask), 2),
+                       latency_calibration=calibration, latency_target=round(target, 4))
+        if calibration:
+            last = calibration[-1]["measured"]
+            metrics.update(latency_pct_measured=round(100 * last, 2), latency_speedup=round(1 / last, 3),
+                           latency_met=last <= p.latency_budget)
     if p.export:
         metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))
     print(summary(metrics))
     return metrics
-
-
-def latency_table_of(session, cfg: DictConfig):
-    """The model's CTranslate2 latency table under the `latency` settings (deploy/latency.py; measured once, then
-    cached)."""
-    return latency_table(session.model, lambda ids: backend.pruned_model(session.loaded, ids),
-                         session.loaded.cfg.model, session.dictionaries,
-                         session.source_tokens(cfg.latency.split), LatencySettings(**cfg.latency),
-                         Path(cfg.paths.data_root) / "latency")
 
 
 def predicted_latency(table, model, mask: dict) -> float:
@@ -526,7 +541,13 @@ def summary(m: dict) -> str:
     lines = [f"{budget}: {m['kept_heads']} of {m['heads_pool']} heads kept ({describe_kept(m)}), "
              f"{neurons}{m['attention_macs_pct']:g} % of the attention MACs; BLEU {m['bleu']:.2f} ({m['delta_bleu']:+.2f} vs "
              f"unpruned) in {m['seconds']:.1f} s without retraining (tuning: {m['tuning']})"]
-    if "latency_budget" in m:
+    if "latency_met" in m:
+        lines.append(f"latency in CTranslate2: {m['latency_pct_measured']:g} % of the unpruned model's, measured "
+                     f"(the table predicts {m['latency_pct_predicted']:g} %), after {len(m['latency_calibration'])} "
+                     "measurement(s): " + ("the budget is met" if m["latency_met"] else
+                                           "the budget is NOT met (more searches, latency.calibrate, or a "
+                                           "lower prune.latency_budget may reach it)"))
+    elif "latency_budget" in m:
         lines.append(f"the latency table predicts {m['latency_pct_predicted']:g} % of the unpruned model's latency in "
                      "CTranslate2 (measured next)")
     if "export_checkpoint" in m:

@@ -27,7 +27,9 @@ def prune(cfg: DictConfig) -> dict:
     session, out = Session.open(cfg), run_dir()
     metrics = method.prune(session, cfg, out)
     if (cfg.latency.measure or p.get("latency_budget") is not None) and RunDir(out).head_mask.exists():
-        metrics.update(latency_of(session, cfg, session.read_mask(RunDir(out).head_mask)))
+        if "latency_pct_measured" not in metrics:  # (a latency budget's search measured its own mask)
+            metrics.update(latency_of(session, cfg, session.read_mask(RunDir(out).head_mask)))
+        metrics["latency_settings"] = {k: v for k, v in OmegaConf.to_container(cfg.latency).items() if k != "measure"}
         if "latency_pct_predicted" in metrics:  # how far a latency table's prediction held
             metrics["latency_prediction_ratio"] = round(metrics["latency_pct_predicted"]
                                                         / metrics["latency_pct_measured"], 4)
@@ -36,18 +38,15 @@ def prune(cfg: DictConfig) -> dict:
 
 def latency_of(session, cfg: DictConfig, mask: dict) -> dict:
     """The pruned model's latency in CTranslate2 against the unpruned model's (deploy/latency.py), as metrics."""
-    from ..deploy.latency import LatencySettings, measured
+    from ..deploy.latency import LatencySettings
 
     settings = LatencySettings(**cfg.latency)
-    seconds = measured({"pruned": lambda: session.pruned_copy(mask),
-                        "unpruned": lambda: session.pruned_copy(session.unpruned_mask())},
-                       session.loaded.cfg.model, session.dictionaries, session.source_tokens(settings.split), settings)
+    seconds = session.latency(mask, settings)
     pct = round(100 * seconds["pruned"] / seconds["unpruned"], 2)
     print(f"latency in CTranslate2 ({settings.compute_type}, {settings.threads} thread(s), beam {settings.beam}): "
           f"{pct:g} % of the unpruned model's ({1 / seconds['pruned']:.1f} against {1 / seconds['unpruned']:.1f} "
           "sentences/s)")
-    return {"latency_pct_measured": pct, "latency_speedup": round(seconds["unpruned"] / seconds["pruned"], 3),
-            "latency_settings": {k: v for k, v in OmegaConf.to_container(cfg.latency).items() if k != "measure"}}
+    return {"latency_pct_measured": pct, "latency_speedup": round(seconds["unpruned"] / seconds["pruned"], 3)}
 
 
 main = hydra_app("prune")(prune)
