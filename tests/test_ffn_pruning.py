@@ -219,7 +219,8 @@ def test_a_latency_budget_is_met_in_ctranslate2_and_its_table_is_kept(trained_ru
     a budget no mask meets, says the fastest reachable in one line; a free layout is refused in one line."""
     pytest.importorskip("ctranslate2")
     from test_prune_cli import is_per_stack
-    quick = ["latency.sentences=24", "latency.rounds=1", "prune.layout=per_stack", "prune.units=[heads,neurons]",
+    quick = ["latency.sentences=24", "latency.rounds=1", "latency.min_seconds=0.1", "prune.layout=per_stack",
+             "prune.units=[heads,neurons]",
              "prune.calibration.sentences=32", "prune.export=false",
              f"paths.data_root={tmp_path / 'data'}"]
     out = tmp_path / "run"
@@ -300,3 +301,29 @@ def test_timing_noise_is_pooled_into_a_monotone_curve():
     from hprune.deploy.latency import monotone
     assert monotone({0: 1.0, 1: 3.0, 2: 2.0, 3: 4.0}) == {0: 1.0, 1: 2.5, 2: 2.5, 3: 4.0}
     assert monotone({1: 5.0, 2: 1.0, 3: 0.0}) == {1: 2.0, 2: 2.0, 3: 2.0}
+
+
+def test_a_timing_lasts_at_least_min_seconds(monkeypatch):
+    """A batch that takes 20 ms, timed with min_seconds=0.1: translated again until the timing has lasted 0.1 s (5
+    or 6 passes after the warm-up), the speed counted over every pass; without it, one pass."""
+    import time
+    from types import SimpleNamespace
+
+    from hprune.deploy import ctranslate2 as writer
+    calls = []
+
+    class Translator:
+        def __init__(self, path, **_):
+            self.path = path
+
+        def translate_batch(self, sources, **_):
+            calls.append(self.path)
+            time.sleep(0.02)
+
+    monkeypatch.setattr(writer, "_ctranslate2", lambda *_: SimpleNamespace(Translator=Translator))
+    sources = [["a", "b"]] * 10
+    speed = writer.sentences_per_s({"m": "m"}, sources, beam=1, rounds=1, lengths=(5,), min_seconds=0.1)[5]["m"]
+    assert 5 <= len(calls) - 1 <= 6 and speed == pytest.approx(10 / 0.02, rel=0.25)
+    calls.clear()
+    writer.sentences_per_s({"m": "m"}, sources, beam=1, rounds=1, lengths=(5,))
+    assert len(calls) == 2

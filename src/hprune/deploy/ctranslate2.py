@@ -444,14 +444,17 @@ def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]]
 
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
                     rounds: int = 2, device: str = "cpu", lengths: Tuple[Optional[int], ...] = (None,),
-                    prefix: Optional[str] = None, max_length: int = 256) -> Dict[Optional[int], Dict[str, float]]:
+                    prefix: Optional[str] = None, max_length: int = 256,
+                    min_seconds: float = 0.0) -> Dict[Optional[int], Dict[str, float]]:
     """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
     alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine), for
     each of `lengths` ({length: {model: sentences/s}}; each model loaded once). A length: every hypothesis
     decoded to exactly that many tokens, so that the models do the same steps (a pruned model that stops later,
     or loops to the limit, is otherwise slower for what it says, not for what it is); None: as the model
     decodes, up to `max_length` tokens (CTranslate2's default, 256, or fewer for a model with fewer positions).
-    prefix: the target language token translations start from (a multilingual model)."""
+    prefix: the target language token translations start from (a multilingual model). min_seconds: each timing
+    translates the sources again until it has lasted this long (a small model's batch takes milliseconds, within
+    the machine's noise)."""
     import time
 
     ctranslate2 = _ctranslate2()
@@ -468,9 +471,11 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
         best = {name: 0.0 for name in translators}
         for _ in range(rounds):
             for name, translator in translators.items():
-                started = time.perf_counter()
-                translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
-                best[name] = max(best[name], len(sources) / (time.perf_counter() - started))
+                started, done = time.perf_counter(), 0
+                while not done or time.perf_counter() - started < min_seconds:
+                    translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
+                    done += len(sources)
+                best[name] = max(best[name], done / (time.perf_counter() - started))
         speed[length] = {name: round(value, 2) for name, value in best.items()}
     return speed
 

@@ -40,7 +40,8 @@ TABLE_VERSION = 2  # in the cache key: a table built the way an earlier hprune b
 @dataclass
 class LatencySettings:
     """How latency is measured: CTranslate2's compute type and threads, beam size, how many sentences of which
-    split, the length every translation is forced to (None: the sources' mean length), timing rounds; and how many
+    split, the length every translation is forced to (None: the sources' mean length), timing rounds, the least
+    time one timing lasts (the sentences translated again until then); and how many
     times a latency budget's mask is measured and searched again (`calibrated`; 0: the table's prediction alone)."""
     measure: bool = False
     split: str = "valid"
@@ -50,6 +51,7 @@ class LatencySettings:
     sentences: int = 64
     length: int | None = None
     rounds: int = 3
+    min_seconds: float = 0.5
     calibrate: int = 3
 
 
@@ -137,7 +139,7 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
             Path(dirs[name]).mkdir()
             save(model_spec(build(), model_cfg, *dictionaries), dirs[name], settings.compute_type)
         speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
-                                lengths=(length,))[length]
+                                lengths=(length,), min_seconds=settings.min_seconds)[length]
     return {name: 1.0 / value for name, value in speed.items()}
 
 

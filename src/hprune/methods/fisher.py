@@ -501,7 +501,9 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
-    if p.latency_budget is not None:  # the table's prediction beside the last measurement (none: the runner's)
+    # the table's prediction beside the last measurement (of the searched mask: rearranging and tuning keep every
+    # layer's head count and FFN width, all CTranslate2's latency depends on); without one, the runner measures
+    if p.latency_budget is not None:
         metrics.update(latency_budget=p.latency_budget, latency_table=latency.key,
                        latency_pct_predicted=round(100 * predicted_latency(latency, model, mask), 2),
                        latency_calibration=calibration, latency_target=round(target, 4))
