@@ -143,6 +143,11 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
     return {name: 1.0 / value for name, value in speed.items()}
 
 
+def latency_metrics(fraction: float) -> dict:
+    """A measured latency, as a fraction of the unpruned model's, as metrics.json keeps it."""
+    return {"latency_pct_measured": round(100 * fraction, 2), "latency_speedup": round(1 / fraction, 3)}
+
+
 def table_key(settings: LatencySettings, model, length: int) -> str:
     ctranslate2 = _ctranslate2("prune.latency_budget")
     kept = {key: value for key, value in asdict(settings).items() if key not in ("measure", "split", "calibrate")}

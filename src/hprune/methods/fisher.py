@@ -50,7 +50,7 @@ from omegaconf import DictConfig
 
 from ..attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
 from ..deploy.fairseq_checkpoint import write_checked
-from ..deploy.latency import LatencySettings, calibrated
+from ..deploy.latency import LatencySettings, calibrated, latency_metrics
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
@@ -509,8 +509,7 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
                        latency_calibration=calibration, latency_target=round(target, 4))
         if calibration:
             last = calibration[-1]["measured"]
-            metrics.update(latency_pct_measured=round(100 * last, 2), latency_speedup=round(1 / last, 3),
-                           latency_met=last <= p.latency_budget)
+            metrics.update(latency_metrics(last), latency_met=last <= p.latency_budget)
     if p.export:
         metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))

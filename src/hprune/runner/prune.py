@@ -38,15 +38,15 @@ def prune(cfg: DictConfig) -> dict:
 
 def latency_of(session, cfg: DictConfig, mask: dict) -> dict:
     """The pruned model's latency in CTranslate2 against the unpruned model's (deploy/latency.py), as metrics."""
-    from ..deploy.latency import LatencySettings
+    from ..deploy.latency import LatencySettings, latency_metrics
 
     settings = LatencySettings(**cfg.latency)
     seconds = session.latency(mask, settings)
-    pct = round(100 * seconds["pruned"] / seconds["unpruned"], 2)
+    metrics = latency_metrics(seconds["pruned"] / seconds["unpruned"])
     print(f"latency in CTranslate2 ({settings.compute_type}, {settings.threads} thread(s), beam {settings.beam}): "
-          f"{pct:g} % of the unpruned model's ({1 / seconds['pruned']:.1f} against {1 / seconds['unpruned']:.1f} "
-          "sentences/s)")
-    return {"latency_pct_measured": pct, "latency_speedup": round(seconds["unpruned"] / seconds["pruned"], 3)}
+          f"{metrics['latency_pct_measured']:g} % of the unpruned model's ({1 / seconds['pruned']:.1f} against "
+          f"{1 / seconds['unpruned']:.1f} sentences/s)")
+    return metrics
 
 
 main = hydra_app("prune")(prune)
