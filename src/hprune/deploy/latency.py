@@ -13,8 +13,9 @@ CTranslate2 version and the processor, and built once.
 
 The table's additive prediction errs where cuts add up (many heads and neurons at once) and where a whole
 translation takes a millisecond, so a search on it is checked by measurement (`calibrated`): the mask found is
-timed against the unpruned model and, while it is slower than the budget, searched again on a target scaled by
-what was measured.
+timed against the unpruned model and searched again on a target scaled by budget / measured (tighter when it is
+slower than the budget, looser when it is well within), then halfway between the targets of the nearest masks
+measured on each side; the mask kept is the slowest measured within the budget.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ TABLE_VERSION = 2  # in the cache key: a table built the way an earlier hprune b
 class LatencySettings:
     """How latency is measured: CTranslate2's compute type and threads, beam size, how many sentences of which
     split, the length every translation is forced to (None: the sources' mean length), timing rounds, the least
-    time one timing lasts (the sentences translated again until then); and how many
-    times a latency budget's mask is measured and searched again (`calibrated`; 0: the table's prediction alone)."""
+    time one timing lasts (the sentences translated again until then); how many times a latency budget's mask is
+    measured and searched again (`calibrated`; 0: the table's prediction alone), and how far below the budget a
+    measured mask may lie before a looser one is searched."""
     measure: bool = False
     split: str = "valid"
     compute_type: str = "int8"
@@ -52,7 +54,8 @@ class LatencySettings:
     length: int | None = None
     rounds: int = 3
     min_seconds: float = 0.5
-    calibrate: int = 3
+    calibrate: int = 4
+    calibrate_tolerance: float = 0.02
 
 
 @dataclass
@@ -150,7 +153,8 @@ def latency_metrics(fraction: float) -> dict:
 
 def table_key(settings: LatencySettings, model, length: int) -> str:
     ctranslate2 = _ctranslate2("prune.latency_budget")
-    kept = {key: value for key, value in asdict(settings).items() if key not in ("measure", "split", "calibrate")}
+    measured_how = {"measure", "split", "calibrate", "calibrate_tolerance"}  # not how the table is timed
+    kept = {key: value for key, value in asdict(settings).items() if key not in measured_how}
     what = {"version": TABLE_VERSION, "settings": {**kept, "length": length}, "model": dimensions(model),
             "ctranslate2": ctranslate2.__version__, "processor": _processor()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
@@ -219,29 +223,60 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
 
 
 def calibrated(search: Callable[[float], object], measure: Callable[[object, float], float], budget: float,
-               rounds: int) -> tuple:
+               rounds: int, tolerance: float = 0.02) -> tuple:
     """A latency budget met in measurement, not only in the table: search(target) finds a mask for a target
     fraction of the unpruned latency as the table predicts it (UserError when the table has none), measure(mask,
-    target) times it (a fraction of the unpruned model's latency). Starting at the budget, while the mask measured is slower
-    than the budget, the target is scaled by budget / measured and searched again (until the search finds another
-    mask), at most `rounds` measurements. Returns the last mask found, the target it was found for, and each
-    measurement as {"target", "measured"} (empty with rounds=0)."""
-    target, found, history = budget, search(budget), []
+    target) times it (a fraction of the unpruned model's latency). Starting at the budget, a secant step while the
+    masks measured lie on one side of the budget (the target scaled by budget / measured: tighter for a mask slower
+    than the budget, looser for one more than `tolerance` faster), then bisection between the loosest target within
+    the budget and the tightest over it; each new target moved on until the search finds a mask not yet measured;
+    at most `rounds` measurements. Returns the mask within the budget that measured slowest (else the last one
+    measured, or with rounds=0 the table's), the target it was found for, its measured fraction (None with rounds=0)
+    and each measurement as {"target", "measured"}."""
+    found, target = search(budget), budget
+    history, seen = [], []  # seen: (mask, measured fraction)
+    within = over = None  # the loosest target whose mask measured within the budget, the tightest over it
+    best = None
     while len(history) < rounds:
         fraction = measure(found, target)
         history.append({"target": round(target, 4), "measured": round(fraction, 4)})
-        if fraction <= budget or len(history) == rounds:
-            break
-        tighter = target
-        for _ in range(100):  # the table's masks are discrete: scale until the search finds another one
-            tighter *= budget / fraction
-            try:
-                candidate = search(tighter)
-            except UserError:  # the table has no faster mask: the last one measured stays
-                return found, target, history
-            if candidate != found:
-                break
+        seen.append((found, fraction))
+        if fraction <= budget:
+            within = max(within or target, target)
+            if best is None or fraction > best[2]:
+                best = (found, target, fraction)
         else:
-            return found, target, history
-        target, found = tighter, candidate
-    return found, target, history
+            over = min(over or target, target)
+        if len(history) == rounds or (fraction <= budget and budget - fraction <= tolerance):
+            break
+        step = _next_unmeasured(search, seen, budget, target, fraction, within, over)
+        if step is None:  # no mask the table can give lies nearer the budget
+            break
+        target, found = step
+    if best is not None:
+        return (*best, history)
+    return found, target, (history[-1]["measured"] if history else None), history
+
+
+def _next_unmeasured(search, seen: list, budget: float, target: float, fraction: float, within, over):
+    """calibrated's next (target, mask): a mask not measured yet, or None where the search finds none."""
+    for _ in range(100):  # the table's masks are discrete: move the target until the search finds another
+        if within is not None and over is not None:
+            if over - within < 1e-6:
+                return None
+            target = (within + over) / 2
+        else:
+            target *= budget / fraction
+        try:
+            candidate = search(target)
+        except UserError:  # the table has no faster mask
+            return None
+        measured = [f for mask, f in seen if mask == candidate]
+        if not measured:
+            return target, candidate
+        if within is not None and over is not None:
+            if measured[0] <= budget:
+                within = target
+            else:
+                over = target
+    return None

@@ -430,7 +430,8 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
                   f"beam {settings.beam})")
             return fraction
 
-        searched, target, calibration = calibrated(search_at, measure, p.latency_budget, settings.calibrate)
+        searched, target, measured, calibration = calibrated(search_at, measure, p.latency_budget,
+                                                             settings.calibrate, settings.calibrate_tolerance)
         found = [searched, search_at(math.sqrt(target))]
     elif neurons:  # the reference's sweep: each number of heads (at least one), the neurons filling the rest
         head_order = [unit for unit in order if unit in head_pool]
@@ -501,15 +502,14 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
         **session.provenance(),
     }
-    # the table's prediction beside the last measurement (of the searched mask: rearranging and tuning keep every
+    # the table's prediction beside the kept mask's measurement (of the searched mask: rearranging and tuning keep every
     # layer's head count and FFN width, all CTranslate2's latency depends on); without one, the runner measures
     if p.latency_budget is not None:
         metrics.update(latency_budget=p.latency_budget, latency_table=latency.key,
                        latency_pct_predicted=round(100 * predicted_latency(latency, model, mask), 2),
                        latency_calibration=calibration, latency_target=round(target, 4))
-        if calibration:
-            last = calibration[-1]["measured"]
-            metrics.update(latency_metrics(last), latency_met=last <= p.latency_budget)
+        if measured is not None:
+            metrics.update(latency_metrics(measured), latency_met=measured <= p.latency_budget)
     if p.export:
         metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
     print(pd.DataFrame(stages).to_string(index=False))
