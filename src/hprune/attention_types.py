@@ -9,6 +9,8 @@ from .errors import UserError
 ATTENTION_TYPES = ("enc-self", "dec-self", "dec-enc")
 # the feed-forward sublayers, whose hidden units (neurons) a mask may hold beside the heads, under these keys
 FFN_TYPES = ("enc-ffn", "dec-ffn")
+# the stack each sublayer lies in (CTranslate2 holds one head count per stack)
+STACK = {"enc-self": "encoder", "dec-self": "decoder", "dec-enc": "decoder", "enc-ffn": "encoder", "dec-ffn": "decoder"}
 
 
 def check_attention_types(types: Iterable[str] | str, setting: str, example: str = "[enc-self]") -> List[str]:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from ..attention_types import ATTENTION_TYPES, FFN_TYPES
+from ..attention_types import ATTENTION_TYPES, FFN_TYPES, STACK
 from ..errors import UserError
 from ..files import build_once, write_atomic
 from ..flops import mask_macs
@@ -69,7 +69,7 @@ def stack_heads(model) -> Dict[str, int]:
     """The heads per layer of each CTranslate2 stack: the largest count left in its sublayers (at least 1)."""
     counts: Dict[str, List[int]] = {"encoder": [], "decoder": []}
     for attn_type, _, module in model.attention_modules():
-        counts["encoder" if attn_type == "enc-self" else "decoder"].append(module.num_heads)
+        counts[STACK[attn_type]].append(module.num_heads)
     return {stack: max([1, *values]) for stack, values in counts.items()}
 
 
@@ -81,7 +81,7 @@ def padded_mask(mask: dict, heads: Dict[str, int]) -> dict:
         if attn_type in FFN_TYPES:  # neurons: each layer's FFN keeps its own width
             padded[attn_type] = rows
             continue
-        target = heads["encoder" if attn_type == "enc-self" else "decoder"]
+        target = heads[STACK[attn_type]]
         padded[attn_type] = []
         for row in rows:
             extra = target - sum(row)

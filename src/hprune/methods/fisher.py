@@ -48,14 +48,14 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from ..attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
+from ..attention_types import ATTENTION_TYPES, FFN_TYPES, STACK, check_attention_types
 from ..deploy.fairseq_checkpoint import write_checked
 from ..deploy.latency import LatencySettings, calibrated, latency_metrics
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
 from ..flops import mask_macs
-from ..pruning.heads import STACK, Head, describe_kept, layer_floor, mask_without, moa_types, per_stack_masks, pool_of
+from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, moa_types, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
 from ..rundir import PRUNED, RunDir, save_hypotheses

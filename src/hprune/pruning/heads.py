@@ -16,14 +16,13 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import pandas as pd
 
-from ..attention_types import ATTENTION_TYPES, FFN_TYPES
+from ..attention_types import ATTENTION_TYPES, FFN_TYPES, STACK
 from ..errors import UserError
 
 MICHEL_PREFIX = {"enc-self": "E", "dec-self": "D", "dec-enc": "A"}
 # prune.layout: `free` prunes any heads; `per_stack` keeps the same number of heads in every sublayer of a stack,
 # the decoder's self- and cross-attention sharing one count: the masks CTranslate2 holds without padding
 LAYOUTS = ("free", "per_stack")
-STACK = {"enc-self": "encoder", "dec-self": "decoder", "dec-enc": "decoder", "enc-ffn": "encoder", "dec-ffn": "decoder"}
 Head = Tuple[str, int, int]
 Mask = Dict[str, List[List[int]]]
 
