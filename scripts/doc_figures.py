@@ -132,10 +132,18 @@ def real_summary(runs: Path) -> str:
                 "best alignment head: AER (manual)": f"{analyzed['best_alignment_aer']:.3f} "
                                                      f"({analyzed['best_alignment_head']})",
                 "eflomal AER (same verses)": _fmt(analyzed.get("eflomal_aer"), 3),
-                "survival p (roles, Voita λ = 1)": "" if not test or pd.isna(test.get("p_value")) else
-                f"{test['p_value']:.3f}"})
+                "survival p (roles, Voita λ = 1)": _survival_cell(test)})
         rows.append(row)
     return _markdown(pd.DataFrame(rows))
+
+
+def _survival_cell(test: dict | None) -> str:
+    """The survival test's p, or why there is none (the gates not trained yet; no heads on one side)."""
+    if not test:
+        return ""
+    if test["p_value"] is None:
+        return f"untestable ({test['role_heads']} role heads, {test['other_heads']} others)"
+    return f"{test['p_value']:.3f}"
 
 
 def real_methods(runs: Path) -> str:
