@@ -161,9 +161,10 @@ def real_methods(runs: Path) -> str:
             row[f"BLEU at {s} %"] = _sd(values.mean(), values.std(), 2)
             if method != "michel" and not pairs.empty:
                 won = pairs[(pairs["method"] == "michel") & (pairs["versus"] == method) & (pairs["sparsity"] == s)]
-                row[f"BLEU at {s} %"] += (f" (Michel better, p < 0.05: "
-                                          f"{int((won['significant'] & (won['bleu'] > won['bleu_versus'])).sum())}"
-                                          f"/{len(won)})")
+                significant = won["significant"].astype(bool)
+                better = int((significant & (won["bleu"] > won["bleu_versus"])).sum())
+                worse = int((significant & (won["bleu"] < won["bleu_versus"])).sum())
+                row[f"BLEU at {s} %"] += f" (p < 0.05: Michel better in {better}, worse in {worse} of {len(won)})"
         rows.append(row)
     controlled = pd.read_csv(report / "controlled.csv") if (report / "controlled.csv").is_file() else None
     for method, knob in (("voita", "l0_lambda"), ("dsp", "head_budget")):

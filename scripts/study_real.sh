@@ -28,8 +28,9 @@ for seed in $SEEDS; do
   done_already "$model" || step train "$model" "$EXP" "seed=$seed"
   done_already "$out/eval" || step eval "$out/eval" "$EXP" "ckpt=$model"
   done_already "$out/analyze" || step analyze "$out/analyze" "$EXP" "ckpt=$model" split=test aligner_baseline=eflomal
+  # seed=$seed: the random order's draw, another on each model (the other orders do not draw)
   done_already "$out/prune" || step prune "$out/prune" "$EXP" "ckpt=$model" prune=michel prune.step_pct=25 \
-    "prune.baselines=[random,confidence,lrp]"
+    "prune.baselines=[random,confidence,lrp]" "seed=$seed"
   done_already "$out/fisher" || step prune "$out/fisher" "$EXP" "ckpt=$model" prune=fisher prune.macs_budget=0.5
   done_already "$out/dsp" || sweep prune "$out/dsp" "$EXP" "ckpt=$model" prune=dsp prune.head_budget=18,36
   done_already "$out/voita" || sweep prune "$out/voita" "$EXP" "ckpt=$model" prune=voita prune.l0_lambda=1,0
