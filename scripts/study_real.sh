@@ -15,7 +15,7 @@
 #   analyze/head_roles.csv and voita/'s masks by scripts/doc_figures.py)
 #   then `hprune report outputs/real/study` (outputs/real/study/report/).
 # Steps that finished are skipped (their metrics.json is there): the study can be completed over several sittings.
-# CPU time on 2 cores: about 3 h for one seed (training about 1.5 h of it); docs/data.md gives the measured figures.
+# Time: 3 to 4 h a seed on one core (training 1.5 to 2 h of it), 10.5 h for the three; docs/data.md gives each step.
 source "$(dirname "$0")/reproduce_common.sh"
 SEEDS=${SEEDS:-"1 2 3"}
 EXP=experiment=greek_nt_en
