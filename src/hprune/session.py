@@ -203,7 +203,7 @@ class Session:
         """Seconds per sentence in CTranslate2 of the model under `mask` ("pruned") and of the unpruned model,
         timed side by side (deploy/latency.measured)."""
         return measured({"pruned": lambda: self.pruned_copy(mask),
-                            "unpruned": lambda: self.pruned_copy(self.unpruned_mask())},
+                         "unpruned": lambda: self.pruned_copy(self.unpruned_mask())},
                         self.loaded.cfg.model, self.dictionaries, self.source_tokens(settings.split), settings)
 
     def latency_table(self, settings: LatencySettings, cache: Path) -> LatencyTable:
