@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,19 +279,61 @@ def study_fisher(runs: Path) -> str:
 class Block:
     make: Callable[[Path], str]
     spread: float  # how far (in the page's units, BLEU) a fresh run may land from a figure on the page
+    runs: tuple  # the folders of --runs it is made from (their metrics.json say which commit ran them)
     optional: bool = False  # runs that `make docs-check` does not make (the real-language study): absent, no problem
 
 
+DEMO, STUDY, REAL = ("demo",), ("demo", "seeds", "study"), ("real",)
 BLOCKS = {
-    "demo-comparison": Block(demo_comparison, 30.0),
-    "demo-findings": Block(demo_findings, 30.0),
-    "demo-controlled": Block(demo_controlled, 5.0),
-    "study-summary": Block(study_summary, 0.05),
-    "study-table": Block(study_table, 0.05),
-    "study-fisher": Block(study_fisher, 0.05),
-    "real-summary": Block(real_summary, 0.05, optional=True),
-    "real-methods": Block(real_methods, 0.05, optional=True),
+    "demo-comparison": Block(demo_comparison, 30.0, DEMO),
+    "demo-findings": Block(demo_findings, 30.0, DEMO),
+    "demo-controlled": Block(demo_controlled, 5.0, DEMO),
+    "study-summary": Block(study_summary, 0.05, STUDY),
+    "study-table": Block(study_table, 0.05, STUDY),
+    "study-fisher": Block(study_fisher, 0.05, STUDY),
+    "real-summary": Block(real_summary, 0.05, REAL, optional=True),
+    "real-methods": Block(real_methods, 0.05, REAL, optional=True),
 }
+
+
+# ------------------------------------------------------------------------------------------- provenance
+# Every section ends with the commits its runs were made with, so that a section older than the code is seen:
+# the check fails where the page's commits are not the runs', and says which commits since changed the code.
+PROVENANCE = re.compile(r"^<sub>Figures from runs of commit[^\n]*</sub>\n?", re.M)
+CODE = ("src", "cli", "configs", "scripts/study_methods.sh", "scripts/study_real.sh", "scripts/reproduce_common.sh")
+
+
+def run_commits(runs: Path, folders: tuple) -> tuple[list[str], str]:
+    """The commits (short) the runs under `folders` were made with (metrics.json's git_sha, the most runs first),
+    and the date of the newest run."""
+    counts: dict = {}
+    newest = 0.0
+    for folder in folders:
+        for metrics in (runs / folder).rglob("metrics.json"):
+            sha = json.loads(metrics.read_text()).get("git_sha", "unknown")
+            counts[sha[:10]] = counts.get(sha[:10], 0) + 1
+            newest = max(newest, metrics.stat().st_mtime)
+    date = pd.Timestamp(newest, unit="s").strftime("%Y-%m-%d") if newest else "no metrics.json"
+    return sorted(counts, key=lambda sha: -counts[sha]) or ["unknown"], date
+
+
+def provenance_line(runs: Path, block: Block) -> str:
+    commits, date = run_commits(runs, block.runs)
+    folders = ", ".join(f"outputs/{f}" for f in block.runs if (runs / f).exists())
+    return (f"<sub>Figures from runs of commit {', '.join(commits)} ({folders}, {date}), written by "
+            "`python scripts/doc_figures.py`.</sub>\n")
+
+
+def page_commits(body: str) -> list[str]:
+    line = PROVENANCE.search(body)
+    return re.findall(r"\b[0-9a-f]{7,40}\b|unknown", line.group(0).split("(")[0]) if line else []
+
+
+def changed_since(commit: str) -> int:
+    """How many commits after `commit` touched the code the runs ran (-1: not a commit of this repository)."""
+    out = subprocess.run(["git", "rev-list", "--count", f"{commit}..HEAD", "--", *CODE], cwd=ROOT,
+                         capture_output=True, text=True)
+    return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() else -1
 PAGES = ("README.md", "docs/outputs.md", "docs/methods.md")
 IMAGES = {"docs/demo_bleu_vs_pruned.png": "demo/report/plots/bleu_vs_pruned_demo_enc_self_dec_self_dec_enc.png",
           "docs/demo_lambda.png": "demo/report/plots/voita_l0_lambda_enc_self.png"}  # copied by a write, not checked
@@ -326,17 +369,34 @@ def main() -> int:
                 else:
                     problems.append(f"{page}: {name}: no runs to make it from ({err.filename}); run them first")
                 return match.group(0)
+            block = BLOCKS[name]
+            commits, _ = run_commits(args.runs, block.runs)
             if args.check:
-                old, new = numbers(match["body"]), numbers(fresh)
-                far = [(a, b) for a, b in zip(old, new) if abs(a - b) > BLOCKS[name].spread]
+                body = PROVENANCE.sub("", match["body"])
+                old, new = numbers(body), numbers(fresh)
+                far = [(a, b) for a, b in zip(old, new) if abs(a - b) > block.spread]
                 if len(old) != len(new) or far:
                     problems.append(f"{page}: {name}: " + (f"{len(old)} figures on the page, {len(new)} from the "
                                     "runs" if len(old) != len(new) else
-                                    f"{len(far)} figures beyond ±{BLOCKS[name].spread:g} (page vs run: "
+                                    f"{len(far)} figures beyond ±{block.spread:g} (page vs run: "
                                     + ", ".join(f"{a:g} vs {b:g}" for a, b in far[:5]) + ")"))
+                on_page = page_commits(match["body"])
+                if on_page != commits:
+                    problems.append(f"{page}: {name}: the page's figures are from runs of commit "
+                                    f"{', '.join(on_page) or '(none said)'}, the runs are of {', '.join(commits)}: "
+                                    "rewrite them (python scripts/doc_figures.py)")
+            else:
+                written += 1
+            for commit in (c for c in commits if c != "unknown"):
+                since = changed_since(commit)
+                if since:
+                    print(f"{page}: {name}: " + (f"{since} commit(s) since {commit} changed the code these runs ran "
+                                                 f"(git log {commit}..HEAD -- {' '.join(CODE)}): run them again"
+                                                 if since > 0 else f"{commit} is no commit of this repository"),
+                          file=sys.stderr)
+            if args.check:
                 return match.group(0)
-            written += 1
-            return match.group(1) + fresh + match.group(4)
+            return match.group(1) + fresh.rstrip("\n") + "\n\n" + provenance_line(args.runs, block) + match.group(4)
 
         updated = SECTION.sub(section, text)
         if not args.check and updated != text:

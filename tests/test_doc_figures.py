@@ -2,6 +2,7 @@
 runs disagree beyond the section's spread."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -51,3 +52,29 @@ def test_a_section_of_runs_the_docs_check_does_not_make_is_left_as_it_is_without
     assert figures(page, tmp_path).returncode == 0 and page.read_text() == body
     page.write_text(body + "<!-- figures:demo-controlled -->\n1.0\n<!-- /figures:demo-controlled -->\n")
     assert figures(page, tmp_path, "--check").returncode == 1
+
+
+def test_each_section_says_which_commit_its_runs_were_made_with_and_a_stale_one_is_seen(tmp_path):
+    """A section ends with the commit of its runs (metrics.json's git_sha); the check fails where the page's
+    commit is not the runs', and says how many commits since then changed the code the runs ran."""
+    report = tmp_path / "demo" / "report"
+    report.mkdir(parents=True)
+    pd.DataFrame([{"run": "demo/voita/0", "l0_lambda": 0.0, "kept_heads": 12, "bleu": 99.8, "delta_bleu": -0.2}]
+                 ).to_csv(report / "controlled.csv", index=False)
+    run = tmp_path / "demo" / "voita" / "0"
+    run.mkdir(parents=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    (run / "metrics.json").write_text(json.dumps({"git_sha": head}))
+    page = tmp_path / "page.md"
+    page.write_text("<!-- figures:demo-controlled -->\n1.0\n<!-- /figures:demo-controlled -->\n")
+    assert figures(page, tmp_path).returncode == 0
+    assert f"Figures from runs of commit {head[:10]} (outputs/demo, " in page.read_text()
+    assert figures(page, tmp_path, "--check").returncode == 0  # the sha's digits are no figures
+    old = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True).stdout.split()[-1]  # the first commit: the code has changed since
+    (run / "metrics.json").write_text(json.dumps({"git_sha": old}))
+    checked = figures(page, tmp_path, "--check")
+    assert checked.returncode == 1 and f"from runs of commit {head[:10]}, the runs are of {old[:10]}" in checked.stderr
+    assert figures(page, tmp_path).returncode == 0 and old[:10] in page.read_text()
+    checked = figures(page, tmp_path, "--check")
+    assert checked.returncode == 0 and f"since {old[:10]} changed the code these runs ran" in checked.stderr
