@@ -146,7 +146,35 @@ def overrides(verb: str, args: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The console script. Ctrl-C or SIGTERM anywhere in a verb is one line, once the cleanups on the way out
+    have run (errors.py); then the process ends by that signal itself, as Python ends on an uncaught Ctrl-C, so
+    the shell reports 128 + N and a shell script running hprune stops too (bash carries on after a child that
+    merely exits 130). Called with `argv` (in process, as the tests do), it exits with 128 + N instead."""
+    from hprune.errors import as_interrupted, signals_raise
+
+    own_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
+    verb = argv[0] if argv and argv[0] in VERBS else ""
+    with signals_raise():
+        try:
+            _main(argv)
+        except BaseException as err:
+            stop = as_interrupted(err)
+            if stop is None:
+                raise
+            print(f"hprune{' ' + verb if verb else ''}: {stop.describe()}; nothing half-written was kept "
+                  "(finished steps are, and the same command continues from them)", file=sys.stderr)
+            if own_process:
+                import signal
+
+                sys.stdout.flush()
+                sys.stderr.flush()
+                signal.signal(stop.signum, signal.SIG_DFL)
+                os.kill(os.getpid(), stop.signum)
+            sys.exit(stop.exit_status)
+
+
+def _main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_help())
         return
@@ -168,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         problem = check_overrides(verb, rest) or check_launcher(rest) or check_run_dir(rest)
         if problem:
             fail(verb, problem)
+    if _shown_hydra_config(verb, rest):
+        return
     sys.argv = [f"hprune {verb}", *rest]
     launchers = "hydra_plugins.hprune_launchers"  # hprune's SLURM launcher, if the run loaded it
     if launchers in sys.modules:  # (several verbs in one process: the tests)
@@ -177,6 +207,58 @@ def main(argv: list[str] | None = None) -> None:
     if failed:
         print(f"hprune {verb}: {len(failed)} job(s) of the sweep failed; the others completed", file=sys.stderr)
         sys.exit(3)
+
+
+def _flag_value(args: list[str], *names: str) -> str | None:
+    """The value of a flag given as `--flag value` or `--flag=value` (the last one given), else None."""
+    value = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1:]
+    return value
+
+
+def _shown_hydra_config(verb: str, args: list[str]) -> bool:
+    """`--cfg hydra --resolve`. Hydra resolves its own node cut off from the rest of the config, so the keys it
+    names (paths.output_root, verb) are not found (an InterpolationKeyError traceback): resolved here within the
+    whole config, then printed as Hydra prints it. False for anything else (Hydra answers)."""
+    if _flag_value(args, "--cfg", "-c") != "hydra" or "--resolve" not in args:
+        return False
+    from hprune_cli.checks import _overrides
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, flag_override
+
+    package = _flag_value(args, "--package", "-p")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+            cfg = compose(config_name=verb, overrides=_overrides(args), return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    HydraConfig.instance().set_config(cfg)
+    OmegaConf.set_readonly(cfg, False)
+    OmegaConf.set_readonly(cfg.hydra, None)
+    OmegaConf.resolve(cfg)
+    with flag_override(cfg, ["struct", "readonly"], [False, False]):
+        for key in [k for k in cfg if k != "hydra"]:
+            del cfg[key]
+    with flag_override(cfg.hydra, ["struct", "readonly"], [False, False]):
+        for key in ("help", "hydra_help"):  # as Hydra's --cfg hydra leaves them out
+            del cfg.hydra[key]
+    if package not in (None, "_global_"):
+        selected = OmegaConf.select(cfg, package)
+        if selected is None:
+            fail(verb, f"package '{package}' is not in the config; --package hydra.launcher, for example")
+        print(f"# @package {package}")
+        print(OmegaConf.to_yaml(selected), end="") if OmegaConf.is_config(selected) else print(selected)
+        return True
+    print(OmegaConf.to_yaml(cfg), end="")
+    return True
 
 
 if __name__ == "__main__":

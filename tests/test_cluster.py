@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import HPRUNE, ROOT
+from conftest import HPRUNE, ROOT, hprune
 
 SCRIPTS = sorted(s for s in (ROOT / "scripts").glob("reproduce_*.sh") if s.stem != "reproduce_common")
 SLURM_ARGS = "hydra.launcher.partition=gpu hydra.launcher.timeout_min=2880"
@@ -142,3 +142,16 @@ def test_a_failed_task_ends_with_an_error_submitit_sees_not_status_0():
         Launcher(SystemExit(2))()
     done = JobReturn(status=JobStatus.COMPLETED, _return_value={"bleu": 1.0})
     assert Launcher(done)() is done
+
+
+def test_the_launchers_config_prints_resolved():
+    """`--cfg hydra --resolve`: Hydra resolves its node cut off from the keys it names (paths.output_root, verb);
+    hprune resolves it within the whole config (it was an InterpolationKeyError traceback)."""
+    proc = hprune("train", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "paths.output_root=runs",
+                  "--cfg", "hydra", "--resolve")
+    assert proc.stdout.startswith("hydra:\n") and "${" not in proc.stdout, proc.stdout[:2000]
+    for line in ("    tasks_per_node: 4", "    dir: runs/train/multirun/", "    name: train"):
+        assert line in proc.stdout
+    launcher = hprune("prune", "--method", "voita", "ckpt=x", "hydra/launcher=slurm", "--cfg", "hydra", "--resolve",
+                      "--package", "hydra.launcher").stdout
+    assert launcher.startswith("# @package hydra.launcher\n") and "tasks_per_node: 1\n" in launcher

@@ -242,12 +242,31 @@ def test_hugging_face_folders_hprune_does_not_import_are_one_line(fsmt, marian, 
     shutil.copytree(marian["dir"], wrong)
     vocab = json.loads((wrong / "vocab.json").read_text())
     (wrong / "vocab.json").write_text(json.dumps({**vocab, "extra": len(vocab)}))
+    # issue 50: weights cut short (a download, a full disk), a config.json that describes another model than its
+    # weights (its import used to be kept, with its data set, and fail when loaded), a damaged vocabulary
+    cut, cut_bin, other_config, bad_json = (tmp_path / name for name in ("cut", "cut-bin", "other-config", "bad-json"))
+    for folder in (cut, other_config, bad_json):
+        shutil.copytree(marian["dir"], folder)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    shutil.copytree(fsmt["dir"], cut_bin, ignore=shutil.ignore_patterns("model.safetensors"))
+    from safetensors.torch import load_file
+    torch.save(load_file(str(fsmt["dir"] / "model.safetensors")), cut_bin / "pytorch_model.bin")
+    (cut_bin / "pytorch_model.bin").write_bytes((cut_bin / "pytorch_model.bin").read_bytes()[:5000])
+    config = json.loads((other_config / "config.json").read_text())
+    (other_config / "config.json").write_text(json.dumps({**config, "encoder_ffn_dim": 96}))
+    (bad_json / "vocab.json").write_text((bad_json / "vocab.json").read_text()[:100])
     for folder, expected in ((t5, "Hugging Face 't5' model"), (broken, "has no merges.txt"),
-                             (no_spm, "has no target.spm"), (wrong, "vocabulary has")):
+                             (no_spm, "has no target.spm"), (wrong, "vocabulary has"),
+                             (cut, "model.safetensors cannot be read"), (cut_bin, "pytorch_model.bin cannot be read"),
+                             (other_config, "config.json does not match the weights (size mismatch for "
+                                            "encoder.layers.0.fc1.weight"), (bad_json, "vocab.json is not JSON")):
         result = hprune("eval", f"ckpt={folder}", f"paths.models_root={tmp_path / 'models'}", "data=pretrained",
-                        "data.test_sets=[wmt14/full]", "device=cpu", f"hydra.run.dir={tmp_path / 'out'}", check=False)
+                        f"paths.data_root={tmp_path / 'data'}", "data.test_sets=[wmt14/full]", "device=cpu",
+                        f"hydra.run.dir={tmp_path / 'out'}", check=False)
         assert_one_line_error(result, expected)
     assert not (tmp_path / "out" / "metrics.json").exists() and not list((tmp_path / "models").glob("hf/[!.]*"))  # no import left
+    assert not list((tmp_path / "data").glob("[!.]*"))  # and no data set prepared for it
     assert_one_line_error(hprune("data", "fetch", "hf=opus-mt-en-de", f"paths.models_root={tmp_path / 'models'}",
                                  check=False), "pass hf=ORG/NAME")
 

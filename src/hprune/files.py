@@ -60,14 +60,61 @@ def locked(path: Path) -> Iterator[None]:
         yield
 
 
+STAGING = ".tmp-"  # <final>.tmp-<host>-<pid>: the folder a build fills before it is renamed <final>
+
+
+def _host() -> str:
+    import socket
+
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname()) or "localhost"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's process
+        return True
+    return True
+
+
+def stale_staging(final: Path) -> list[Path]:
+    """The staging folders of `final` left by processes of this host that are gone (killed by SIGKILL, a lost
+    node's reboot, a power cut): nobody will finish them. Those of other hosts (a data_root shared by a cluster)
+    are left alone: their processes may be alive, and this host cannot tell."""
+    stale, host, prefix = [], _host(), f"{final.name}{STAGING}"
+    try:
+        entries = [path for path in final.parent.iterdir() if path.name.startswith(prefix)]
+    except OSError:
+        return []
+    for path in entries:
+        owner = path.name[len(prefix):]
+        where, _, pid = owner.rpartition("-")
+        if owner.isdigit():  # named by an older hprune, without the host
+            where, pid = host, owner
+        if where == host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.append(path)
+    return stale
+
+
+def _remove_stale(final: Path) -> None:
+    for path in stale_staging(final):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def build_once(final: Path, done: str, build: Callable[[Path], Any]) -> Path:
     """The folder `final`, built by `build(staging)` unless `final/done` exists. The build fills a staging
-    folder beside it (it writes `done` last), renamed into place when complete: a folder under its final name
-    is always whole, and an error (a full disk is one line) leaves nothing half-built. One process at a time
-    (locked): another that built it meanwhile is not repeated. An incomplete `final` (altered by hand, or from an
-    older layout) is replaced."""
+    folder beside it (`<final>.tmp-<host>-<pid>`; it writes `done` last), renamed into place when complete: a
+    folder under its final name is always whole, and an error, Ctrl-C or SIGTERM (a full disk is one line)
+    leaves nothing half-built. One process at a time (locked): another that built it meanwhile is not repeated.
+    The staging of a process of this host that died without cleaning up (SIGKILL) is removed by the next build.
+    An incomplete `final` (altered by hand, or from an older layout) is replaced."""
     final = Path(final)
     if (final / done).exists():
+        if stale_staging(final):  # a killed builder's leftovers beside a folder another process finished
+            with contextlib.suppress(OSError), locked(final):
+                _remove_stale(final)
         return final
     with contextlib.ExitStack() as held:
         try:
@@ -75,9 +122,10 @@ def build_once(final: Path, done: str, build: Callable[[Path], Any]) -> Path:
         except OSError as err:
             raise UserError(f"cannot create {final.parent} ({err.strerror}); set paths.data_root=<a writable folder> "
                             "(or HPRUNE_DATA_ROOT), or paths.models_root for models") from None
+        _remove_stale(final)  # (under the lock: no process of this host is building `final` now)
         if (final / done).exists():  # another process built it while this one waited
             return final
-        staging = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+        staging = final.with_name(f"{final.name}{STAGING}{_host()}-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         try:
             staging.mkdir(parents=True)

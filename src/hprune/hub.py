@@ -124,10 +124,10 @@ def _wanted(repo: str, family: str, present: set) -> list[str]:
     if weights is None:
         raise UserError(f"{repo} has no weights ({' or '.join(HF_WEIGHTS)}); is it a translation model?")
     spec = HF_FAMILIES[family]
-    missing = [name for name in spec.files if name not in present]
+    missing = spec.missing(present)
     if missing:
         raise UserError(f"{repo} lacks the {spec.model_class} tokenizer file(s) {', '.join(missing)}")
-    return [HF_CONFIG, weights, *spec.files, *(name for name in spec.optional if name in present)]
+    return [HF_CONFIG, weights, *spec.files, *(name for name in spec.optional + spec.one_of if name in present)]
 
 
 def resolve(ckpt: str, models_root: Path) -> Path:

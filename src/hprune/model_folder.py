@@ -31,6 +31,14 @@ class HfFamily:
     model_class: str
     files: tuple[str, ...]              # the tokenizer's files, all needed
     optional: tuple[str, ...] = ()      # read where present
+    one_of: tuple[str, ...] = ()        # at least one needed (all read where present)
+
+    def missing(self, present: set) -> list[str]:
+        """What a folder or repository holding `present` (file names) lacks, as names to say."""
+        missing = [name for name in self.files if name not in present]
+        if self.one_of and not any(name in present for name in self.one_of):
+            missing.append(" or ".join(self.one_of))
+        return missing
 
 
 HF_FAMILIES = {
@@ -38,12 +46,15 @@ HF_FAMILIES = {
                      ("tokenizer_config.json", "generation_config.json")),
     "marian": HfFamily("MarianMTModel", ("source.spm", "target.spm", "vocab.json"),
                        ("tokenizer_config.json", "generation_config.json", "target_vocab.json")),
-    # M2M100 and NLLB-200 (an M2M100 model with NLLB's tokenizer): the ids in vocab.json (M2M100) or tokenizer.json
-    "m2m_100": HfFamily("M2M100ForConditionalGeneration", ("sentencepiece.bpe.model",),
-                        ("vocab.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                         "generation_config.json")),
-    "mbart": HfFamily("MBartForConditionalGeneration", ("sentencepiece.bpe.model",),
-                      ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")),
+    # M2M100 and NLLB-200 (an M2M100 model with NLLB's tokenizer): the ids in vocab.json (M2M100) or tokenizer.json;
+    # the sentencepiece model, or (NLLB, mBART-50 as transformers 5 saves them) tokenizer.json alone, which
+    # backend/hf.py turns into one
+    "m2m_100": HfFamily("M2M100ForConditionalGeneration", (),
+                        ("vocab.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"),
+                        ("sentencepiece.bpe.model", "tokenizer.json")),
+    "mbart": HfFamily("MBartForConditionalGeneration", (),
+                      ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json"),
+                      ("sentencepiece.bpe.model", "tokenizer.json")),
 }
 
 

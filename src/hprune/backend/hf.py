@@ -29,6 +29,7 @@ import hashlib
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -49,16 +50,40 @@ INSTALL = "pip install 'hprune[hf]'"
 
 
 def _weights(folder: Path) -> dict:
-    if (folder / HF_WEIGHTS[0]).is_file():
+    """The folder's weights, or one line saying which file cannot be read (a download cut short, a full disk)."""
+    path = next((folder / name for name in HF_WEIGHTS if (folder / name).is_file()), None)
+    if path is None:
+        raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; pass the folder save_pretrained "
+                        "wrote")
+    if path.name == "model.safetensors":
         try:
             from safetensors.torch import load_file
         except ImportError:
             raise UserError(f"{folder} holds safetensors weights, which need the safetensors package: "
                             f"{INSTALL}") from None
-        return load_file(str(folder / "model.safetensors"))
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; pass the folder save_pretrained wrote")
+        read = lambda: load_file(str(path))  # noqa: E731
+    else:
+        read = lambda: torch.load(path, map_location="cpu", weights_only=True)  # noqa: E731
+    try:
+        weights = read()
+    except Exception as err:  # noqa: BLE001 - safetensors' SafetensorError, torch's RuntimeError, EOFError, ...
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0]
+        if "Weights only load failed" in reason:
+            raise UserError(f"{path} holds objects other than tensors, which hprune does not unpickle; save the model "
+                            "again with save_pretrained (it writes model.safetensors)") from None
+        raise UserError(f"{path} cannot be read ({reason[:160]}): it is truncated or damaged; download it again, or "
+                        "save the model again with save_pretrained") from None
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise UserError(f"{path} is not a state dict of tensors; pass the folder save_pretrained wrote")
+    return weights
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not JSON ({str(err)[:120]}): it is truncated or damaged; download it again, or "
+                        "save the tokenizer again with save_pretrained") from None
 
 
 def _fingerprint(folder: Path) -> str:
@@ -117,11 +142,42 @@ def _save(config: dict, langs: Optional[tuple[str, str]], weights: dict, staging
     args = options.parse_args_and_arch(options.get_training_parser(), _argv(config, langs, staging, flags))
     if config.get("activation_function") in ("swish", "silu"):
         args.activation_fn = "swish"  # fairseq computes it but its command line does not offer it (see _swish)
-    state = {"args": args, "model": {k: v.contiguous() for k, v in weights.items()}, "extra_state": {},
+    weights = {k: v.contiguous() for k, v in weights.items()}
+    _check_weights_fit(args, weights, staging)
+    state = {"args": args, "model": weights, "extra_state": {},
              "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
                                     "lr_scheduler_state": {}, "num_updates": 0}],
              "last_optimizer_state": None}
     torch.save(state, staging / "model.pt")
+
+
+class WeightsMismatch(Exception):
+    """config.json describes another model than the weights hold (import_hf names the folder)."""
+
+
+def _check_weights_fit(args, weights: dict, staging: Path) -> None:
+    """The model config.json describes takes these weights, every one and nothing else, as loading will (built
+    on the meta device: no memory for a copy): else the import stops here, in one line, and leaves nothing."""
+    from types import SimpleNamespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    def dictionary(lang: Optional[str]) -> Dictionary:
+        return Dictionary.load(str(staging / (f"dict.{lang}.txt" if lang else "dict.txt")))
+
+    task = SimpleNamespace(source_dictionary=dictionary(getattr(args, "source_lang", None)),
+                           target_dictionary=dictionary(getattr(args, "target_lang", None)))
+    with torch.device("meta"):
+        model = ARCH_MODEL_REGISTRY[args.arch].build_model(args, task)
+    try:
+        with warnings.catch_warnings():  # loading into meta parameters copies nothing: that is the point
+            warnings.filterwarnings("ignore", message=".*to a meta parameter")
+            model.load_state_dict(dict(weights), strict=True)
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(err).__name__
+        raise WeightsMismatch(detail[:300]) from None
 
 
 def _require(folder: Path, names: tuple[str, ...], what: str) -> None:
@@ -134,8 +190,7 @@ def _require(folder: Path, names: tuple[str, ...], what: str) -> None:
 def _import_fsmt(folder: Path, config: dict, staging: Path) -> dict:
     _require(folder, FSMT_FILES, f"an FSMT model's tokenizer files are {', '.join(FSMT_FILES)}")
     src, tgt = config["langs"]
-    sides = {src: json.loads((folder / "vocab-src.json").read_text()),
-             tgt: json.loads((folder / "vocab-tgt.json").read_text())}
+    sides = {src: _json(folder / "vocab-src.json"), tgt: _json(folder / "vocab-tgt.json")}
     weights = {key[len("model."):]: tensor for key, tensor in _weights(folder).items() if key.startswith("model.")}
     for lang, key, size_key in ((src, "encoder.embed_tokens.weight", "src_vocab_size"),
                                 (tgt, "decoder.embed_tokens.weight", "tgt_vocab_size")):
@@ -183,8 +238,8 @@ def _import_marian(folder: Path, config: dict, staging: Path) -> dict:
     if separate:
         _require(folder, ("target_vocab.json",), "a Marian model with separate vocabularies has target_vocab.json")
     src, tgt = _marian_languages(folder, tokenizer)
-    vocabs = {src: json.loads((folder / "vocab.json").read_text())}
-    vocabs[tgt] = json.loads((folder / "target_vocab.json").read_text()) if separate else vocabs[src]
+    vocabs = {src: _json(folder / "vocab.json")}
+    vocabs[tgt] = _json(folder / "target_vocab.json") if separate else vocabs[src]
     weights = {key[len("model."):] if key.startswith("model.") else key: tensor
                for key, tensor in _weights(folder).items()}
     shared = weights.get("shared.weight")
@@ -228,6 +283,7 @@ def _import_marian(folder: Path, config: dict, staging: Path) -> dict:
     elif tied:
         flags.append("--share-decoder-input-output-embed")
     for lang, name in ((src, "source.spm"), (tgt, "target.spm")):
+        _check_sentencepiece(folder / name)
         shutil.copyfile(folder / name, staging / f"spm.{lang}.model")
     _save(config, (src, tgt), out, staging, flags)
     return {"tokenizer": "none"}  # Marian's tokenizer puts raw text into sentencepiece
@@ -251,17 +307,145 @@ NOT_LANGUAGES = {"<mask>"}
 
 def _tokenizer_config(folder: Path) -> dict:
     path = folder / "tokenizer_config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return _json(path) if path.is_file() else {}
 
 
 def _tokenizer_json_ids(path: Path) -> tuple[dict[int, str], list[str]]:
     """A tokenizer.json's {id: token}, and its added tokens."""
-    tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    tokenizer = _json(path)
+    if not isinstance(tokenizer.get("model"), dict) or "vocab" not in tokenizer["model"]:
+        raise UserError(f"{path} has no model vocabulary; pass the folder save_pretrained wrote")
     vocab, added = tokenizer["model"]["vocab"], tokenizer.get("added_tokens", [])
     ids = dict(enumerate(piece for piece, _ in vocab)) if isinstance(vocab, list) else \
         {i: token for token, i in vocab.items()}
     ids.update({token["id"]: token["content"] for token in added})
     return ids, [token["content"] for token in added]
+
+
+SENTENCEPIECE = "sentencepiece.bpe.model"  # M2M100's, NLLB's and mBART-50's segmentation model
+COPY_SENTENCEPIECE = "copy sentencepiece.bpe.model from the model's Hub repository into the folder"
+
+
+def _check_sentencepiece(path: Path):
+    """The sentencepiece model at `path`, loaded (it is what segments the text later), or one line."""
+    import sentencepiece
+
+    if not path.is_file():
+        raise UserError(f"{path.parent} has no {path.name}, the sentencepiece model that segments the text for it; "
+                        "save the tokenizer with save_pretrained into the same folder")
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except Exception as err:  # noqa: BLE001 - sentencepiece's RuntimeError / OSError on a damaged file
+        raise UserError(f"{path} is not a sentencepiece model ({str(err).strip()[:120]}): it is truncated or "
+                        "damaged; download it again") from None
+
+
+def _sentencepiece_model(folder: Path, dest: Path) -> None:
+    """The sentencepiece model of a multilingual folder, to `dest`: the folder's own, else made from its
+    tokenizer.json (transformers 5 saves NLLB's and mBART-50's tokenizers as tokenizer.json alone)."""
+    if (folder / SENTENCEPIECE).is_file() or not (folder / "tokenizer.json").is_file():
+        _check_sentencepiece(folder / SENTENCEPIECE)
+        shutil.copyfile(folder / SENTENCEPIECE, dest)
+        return
+    dest.write_bytes(_sentencepiece_from_tokenizer_json(folder / "tokenizer.json"))
+    _check_same_segmentation(folder / "tokenizer.json", dest)
+
+
+def _sentencepiece_from_tokenizer_json(path: Path) -> bytes:
+    """A sentencepiece model (its protobuf) that segments as a tokenizer.json converted from one does: a
+    sentencepiece-style tokenizer (Metaspace pieces; a Unigram model with its scores, or a BPE model whose merges
+    become the scores that order them, as sentencepiece's BPE merges the best-scored pair first), with its
+    normalizer's precompiled character map. Anything else is one line (no sentencepiece model can say it)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+    except ImportError:
+        raise UserError(f"{path.parent} has no {SENTENCEPIECE}; making one from tokenizer.json needs protobuf: "
+                        f"pip install protobuf, or {COPY_SENTENCEPIECE}") from None
+    tokenizer = _json(path)
+    model = tokenizer.get("model") or {}
+    unsupported = f"{path.parent} has no {SENTENCEPIECE}, and its tokenizer.json is not a sentencepiece-style one"
+
+    def steps(node, key):  # a component, or the members of its Sequence
+        return [] if not node else node.get(key, []) if node.get("type") == "Sequence" else [node]
+
+    pre = [step.get("type") for step in steps(tokenizer.get("pre_tokenizer"), "pretokenizers")]
+    metaspace = next((step for step in steps(tokenizer.get("pre_tokenizer"), "pretokenizers")
+                      if step.get("type") == "Metaspace"), None)
+    if pre not in (["Metaspace"], ["WhitespaceSplit", "Metaspace"]) or metaspace.get("replacement") != "\u2581" or \
+            metaspace.get("prepend_scheme", "always" if metaspace.get("add_prefix_space", True) else "never") != "always":
+        raise UserError(f"{unsupported} (its pre-tokenizer is {pre or 'none'}, not sentencepiece's Metaspace); "
+                        f"{COPY_SENTENCEPIECE}")
+    charsmap, collapse = b"", False
+    for step in steps(tokenizer.get("normalizer"), "normalizers"):
+        if step.get("type") == "Precompiled":
+            import base64
+            charsmap = base64.b64decode(step.get("precompiled_charsmap") or "")
+        elif step.get("type") == "Replace" and step.get("pattern") == {"Regex": " {2,}"} and step.get("content") == " ":
+            collapse = True
+        else:
+            raise UserError(f"{unsupported} (its normalizer has a {step.get('type')} step); {COPY_SENTENCEPIECE}")
+    added = {token["content"] for token in tokenizer.get("added_tokens", [])}
+    proto = spm_pb2.ModelProto()
+    proto.normalizer_spec.name = "nmt_nfkc" if charsmap else "identity"
+    proto.normalizer_spec.precompiled_charsmap = charsmap
+    proto.normalizer_spec.add_dummy_prefix = True
+    proto.normalizer_spec.remove_extra_whitespaces = collapse
+    proto.normalizer_spec.escape_whitespaces = True
+    proto.trainer_spec.unk_id, proto.trainer_spec.bos_id, proto.trainer_spec.eos_id = 0, 1, 2
+    proto.trainer_spec.pad_id = -1
+    proto.trainer_spec.byte_fallback = bool(model.get("byte_fallback", False))
+    if model.get("type") == "Unigram":
+        proto.trainer_spec.model_type = spm_pb2.TrainerSpec.UNIGRAM
+        scored = [(piece, score) for piece, score in model["vocab"]]
+    elif model.get("type") == "BPE" and isinstance(model.get("vocab"), dict):
+        proto.trainer_spec.model_type = spm_pb2.TrainerSpec.BPE
+        rank: dict[str, int] = {}
+        for i, merge in enumerate(model.get("merges", [])):
+            left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+            rank.setdefault(left + right, i)
+        by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
+        scored = [(piece, -float(rank.get(piece, len(rank) + i))) for i, (piece, _) in enumerate(by_id)]
+    else:
+        raise UserError(f"{unsupported} (its model is {model.get('type')}, not Unigram or BPE); {COPY_SENTENCEPIECE}")
+    specials = (("<unk>", spm_pb2.ModelProto.SentencePiece.UNKNOWN), ("<s>", spm_pb2.ModelProto.SentencePiece.CONTROL),
+                ("</s>", spm_pb2.ModelProto.SentencePiece.CONTROL))
+    for piece, kind in specials:
+        proto.pieces.add(piece=piece, score=0.0, type=kind)
+    skip = added | set(FAIRSEQ_SPECIALS)
+    for piece, score in scored:
+        if piece not in skip:
+            proto.pieces.add(piece=piece, score=score, type=spm_pb2.ModelProto.SentencePiece.NORMAL)
+    proto.trainer_spec.vocab_size = len(proto.pieces)
+    return proto.SerializeToString()
+
+
+def _check_same_segmentation(tokenizer_json: Path, spm_model: Path) -> None:
+    """The sentencepiece model made from tokenizer.json segments as the tokenizer itself (the `tokenizers`
+    library) does, on text made of every piece of the vocabulary, in order and shuffled: else one line."""
+    import random
+
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UserError(f"{tokenizer_json.parent} has no {SENTENCEPIECE}; making one from tokenizer.json needs the "
+                        f"tokenizers package: {INSTALL}, or {COPY_SENTENCEPIECE}") from None
+    definition = _json(tokenizer_json)
+    definition.update(added_tokens=[], post_processor=None, padding=None, truncation=None)  # the segmentation alone
+    theirs = Tokenizer.from_str(json.dumps(definition))
+    ours = _check_sentencepiece(spm_model)
+    pieces = [ours.id_to_piece(i) for i in range(3, ours.get_piece_size())]
+    shuffled = pieces[:]
+    random.Random(0).shuffle(shuffled)
+    lines = ["".join(order[i:i + 24]).replace("\u2581", " ").strip()  # pieces without ▁ continue a word
+             for order in (pieces, shuffled) for i in range(0, len(order), 24)]
+    lines = [line for line in lines if line]
+    expected = [encoding.tokens for encoding in theirs.encode_batch(lines, add_special_tokens=False)]
+    got = [[ours.id_to_piece(i) for i in ids] for ids in ours.encode(lines)]
+    differ = [i for i, (a, b) in enumerate(zip(expected, got)) if a != b]
+    if differ:
+        raise UserError(f"{tokenizer_json.parent} has no {SENTENCEPIECE}, and the one hprune made from tokenizer.json "
+                        f"segments {len(differ)} of {len(lines)} test lines otherwise (e.g. {lines[differ[0]][:60]!r}); "
+                        f"{COPY_SENTENCEPIECE}")
 
 
 def _multilingual_vocabulary(folder: Path, config: dict) -> tuple[list[str], dict[str, str]]:
@@ -273,15 +457,14 @@ def _multilingual_vocabulary(folder: Path, config: dict) -> tuple[list[str], dic
         languages = {token: token for token in added if token not in FAIRSEQ_SPECIALS and token not in NOT_LANGUAGES}
     elif config.get("model_type") == "mbart":
         # mBART-50 without tokenizer.json: fairseq's ids (the pieces + 1), then its language codes, then <mask>
-        import sentencepiece
-        pieces = sentencepiece.SentencePieceProcessor(model_file=str(folder / "sentencepiece.bpe.model"))
+        pieces = _check_sentencepiece(folder / SENTENCEPIECE)
         ids = dict(enumerate(FAIRSEQ_SPECIALS))
         ids.update({i + 1: pieces.id_to_piece(i) for i in range(3, pieces.get_piece_size())})
         for code in MBART50_LANGUAGES.split():
             ids[len(ids)] = languages[code] = code
         ids[len(ids)] = "<mask>"
     elif (folder / "vocab.json").is_file():  # M2M100: vocab.json, then its language tokens
-        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        vocab = _json(folder / "vocab.json")
         ids = {i: token for token, i in vocab.items()}
         codes = M2M100_LANGUAGES.get(settings.get("language_codes", "m2m100"))
         if codes is None:
@@ -333,7 +516,7 @@ def _import_multilingual(folder: Path, config: dict, staging: Path, learned_posi
     if learned_positions:
         flags += ["--encoder-learned-pos", "--decoder-learned-pos", "--layernorm-embedding"]
     _write_dictionary(tokens[4:], staging / "dict.txt")
-    shutil.copyfile(folder / "sentencepiece.bpe.model", staging / "sentencepiece.bpe.model")
+    _sentencepiece_model(folder, staging / SENTENCEPIECE)
     _save(config, None, weights, staging, flags)
     # the text as the tokenizer takes it: raw into sentencepiece (its own normalisation)
     return {"tokenizer": "none", "languages": dict(sorted(languages.items()))}
@@ -361,17 +544,25 @@ IMPORTERS: dict[str, Callable[[Path, dict, Path], dict]] = {  # (folder, config,
 
 def import_hf(folder: Path, models_root: Path) -> Path:
     """The model.pt of a Hugging Face model folder imported as a fairseq model folder under
-    `<models_root>/hf/<name>-<fingerprint>/` (imported once; a changed folder is imported again)."""
+    `<models_root>/hf/<name>-<fingerprint>/` (imported once; a changed folder is imported again). The import is
+    built in a staging folder and renamed into place once the model it describes has taken its weights: a
+    failed or interrupted import leaves nothing (files.build_once)."""
     folder = Path(folder).expanduser()
     config = read_hf_config(folder)
     family = hf_family(config, folder)
     # a Hub snapshot (<cache>/models--ORG--NAME/snapshots/<commit>) is named after its repository
     name = folder.parent.parent.name.removeprefix("models--") if folder.parent.name == "snapshots" else folder.name
     dest = Path(models_root).expanduser().absolute() / "hf" / f"{name}-{_fingerprint(folder)}"
-    if (dest / "model.pt").is_file():
-        return dest / "model.pt"
+
     def convert(staging: Path) -> None:
-        settings = IMPORTERS[family](folder, config, staging)
+        try:
+            settings = IMPORTERS[family](folder, config, staging)
+        except WeightsMismatch as err:
+            raise UserError(f"{folder}: config.json does not match the weights ({err}); the files are not one "
+                            "model's: pass the folder save_pretrained wrote") from None
+        except KeyError as err:  # a key every such model's config.json and weights have
+            raise UserError(f"{folder}: {err} is missing from config.json or the weights; pass the folder "
+                            "save_pretrained wrote") from None
         write_settings(staging, {"source": {"hf_dir": str(folder.absolute()), "model_type": family}, **settings})
 
     build_once(dest, "model.pt", convert)

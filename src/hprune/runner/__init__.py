@@ -2,7 +2,8 @@
 
 The wrapper (`hydra_app`) is the one place that
   * refuses a config with a mandatory value left unset (`ckpt: ???`), in one line;
-  * turns a UserError into one line on stderr and exit 2 (a JobFailed: exit 3; errors.py lists the statuses);
+  * turns a UserError into one line on stderr and exit 2 (a JobFailed: exit 3; errors.py lists the statuses),
+    and torch's SignalException into Interrupted, which the CLI says in one line (exit 128 + N);
   * writes metrics.json, last and atomically: the verb's result plus the shared provenance (verb, data,
     seed, precision, code version). A run dir without metrics.json did not finish;
   * of a training's many workers (torchrun, SLURM tasks), lets rank 0 alone write it, and refuses the verbs
@@ -20,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from ..console import quiet_console
-from ..errors import UserError
+from ..errors import UserError, as_interrupted
 from ..files import git_sha, run_dir, write_json
 from ..launch import check_verb, is_rank_zero
 from ..rundir import RunDir
@@ -63,6 +64,11 @@ def hydra_app(config_name: str, writes_metrics: bool = True) -> Callable:
             except UserError as err:
                 print(f"hprune {cfg.verb}: error: {err}", file=sys.stderr)
                 sys.exit(err.exit_status)
+            except Exception as err:  # torch's elastic launcher's SignalException: a stop, not an error (Hydra
+                stop = as_interrupted(err)  # would print it as a traceback); the CLI says it in one line
+                if stop is None:
+                    raise
+                raise stop from None
             if not writes_metrics or not is_rank_zero():
                 return result
             metrics = {**provenance(cfg), **result}
