@@ -41,7 +41,7 @@ def test_neuron_gradients_removal_and_macs(loaded, tmp_path):
     hprune, reloaded by fairseq from the exported checkpoint, and in CTranslate2; the cost model's MACs for the
     mask equal those FlopCounterMode counts on the pruned model."""
     from hprune import backend
-    from hprune.flops import macs_per_token, mask_macs, unit_costs
+    from hprune.flops import Lengths, macs_per_token, mask_macs, unit_costs
     from hprune.pruning.heads import kept_ids, mask_without
     from hprune.pruning.scores import mask_gradients, nll
 
@@ -74,10 +74,11 @@ def test_neuron_gradients_removal_and_macs(loaded, tmp_path):
         reloaded = backend.load_model(dest, Path(loaded.cfg.task.data)).model  # fairseq builds it from the config
         for name, other in (("pruned", pruned), ("reloaded", reloaded)):
             torch.testing.assert_close(other(**sample["net_input"])[0], masked, rtol=0, atol=2e-5, msg=name)
-    costs = unit_costs(model, sample)
+    lengths = Lengths.of_sample(sample, pad)
+    costs = unit_costs(model, lengths)
     types = ["enc-self", "dec-self", "dec-enc", "enc-ffn", "dec-ffn"]
     removed = mask_macs(costs, mask_without(model, (), neurons=True), types) - mask_macs(costs, mask, types)
-    counted = macs_per_token(model, sample)["macs_per_token"] - macs_per_token(pruned, sample)["macs_per_token"]
+    counted = macs_per_token(model, lengths)["macs_per_token"] - macs_per_token(pruned, lengths)["macs_per_token"]
     assert removed == pytest.approx(counted, abs=2)
 
     ctranslate2 = pytest.importorskip("ctranslate2")  # noqa: F841 (CTranslate2 reads each layer's width)
@@ -149,7 +150,7 @@ def test_fisher_prunes_heads_and_neurons_under_one_budget(trained_run, tmp_path)
     from hprune import backend
     from hprune.flops import unit_costs
     loaded = backend.load_model(trained_run / "checkpoints" / "checkpoint_best.pt", Path(m["data_bin"]))
-    costs = unit_costs(loaded.model, next(backend.batches(loaded, "valid", 4096, 1)))
+    costs = unit_costs(loaded.model, backend.split_lengths(loaded, "valid"))  # the loss split, all of it
     cost = lambda rows: sum(costs[(r.type, r.layer)].per_unit for r in rows.itertuples())  # noqa: E731
     budget, best = 0.5 * m["macs_pool"], -1.0
     h_order = heads.sort_values("fisher", ascending=False, kind="stable")

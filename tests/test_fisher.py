@@ -156,6 +156,39 @@ def test_the_tuning_teacher_keeps_every_unit_the_student_keeps(loaded):
     assert tuned["unpruned"][("enc-self", 1, 0)] != pytest.approx(1.0)  # (the student's layer 1 is fitted)
 
 
+def test_unit_costs_are_counted_over_the_whole_split_each_sentence_at_its_own_length(loaded):
+    """Kwon et al. price units at the data's lengths, not at those of one batch: the cost model's MACs per target
+    token equal FlopCounterMode's count of each sentence run alone (no padding), summed and divided by the
+    sentences' target tokens; the lengths are the whole split's; fairseq's first batch (its shortest sentences)
+    prices them otherwise."""
+    from hprune import backend
+    from hprune.flops import Lengths, _counted, unit_costs
+
+    model, pad = loaded.model, loaded.task.target_dictionary.pad()
+    model.eval()
+    lengths = backend.split_lengths(loaded, "valid")
+    dataset = loaded.task.dataset("valid")
+    assert [(len(dataset[i]["source"]), len(dataset[i]["target"])) for i in range(len(dataset))] == \
+        list(zip(lengths.source.tolist(), lengths.target.tolist()))
+    names = {id(module): f"{type(model).__name__}.{name}" for name, module in model.named_modules()}
+    attention = [(t, layer, names[id(module)], module.num_heads) for t, layer, module in model.attention_modules()]
+    totals = {name: 0.0 for _, _, name, _ in attention}
+    some = range(0, len(dataset), 7)  # a second implementation, on every 7th sentence: each counted alone
+    for i in some:
+        counts = _counted(model, **dataset.collater([dataset[i]])["net_input"]).get_flop_counts()
+        for name in totals:
+            totals[name] += sum(counts.get(name, {}).values())
+    costs = unit_costs(model, Lengths(lengths.source[list(some)], lengths.target[list(some)]))
+    tokens = float(lengths.target[list(some)].sum())
+    for attn_type, layer, name, heads in attention:
+        assert costs[(attn_type, layer)].per_unit * heads == pytest.approx(totals[name] / 2 / tokens, rel=1e-9)
+    first = next(backend.batches(loaded, "valid", 256, 1))  # fairseq's first batch: the shortest sentences
+    assert first["nsentences"] < len(dataset)
+    ratio = lambda c: c[("enc-self", 0)].per_unit / c[("dec-self", 0)].per_unit  # noqa: E731
+    on_split, on_first = unit_costs(model, lengths), unit_costs(model, Lengths.of_sample(first, pad))
+    assert abs(ratio(on_first) / ratio(on_split) - 1) > 0.01  # the split's mix of lengths is not its first batch's
+
+
 def test_fisher_end_to_end_meets_the_budget_in_counted_macs(trained_run, tmp_path):
     out = tmp_path / "run"
     hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={out}", *FISHER, "prune.macs_budget=0.6")
@@ -202,7 +235,7 @@ def test_per_stack_search_is_the_best_layout_within_the_budget(trained_run, load
             mask[row.type][row.layer][row.head] = 1
         assert is_per_stack(mask), column
     # every per_stack set: each sublayer's k highest-Fisher heads, k per stack
-    costs = unit_costs(loaded.model, next(backend.batches(loaded, "valid", 4096, 1)))
+    costs = unit_costs(loaded.model, backend.split_lengths(loaded, "valid"))  # the loss split, all of it
     types = ["enc-self", "dec-self", "dec-enc"]
     budget = 0.6 * mask_macs(costs, {kind: [[1] * 4 for _ in range(3)] for kind in types}, types)
     rank = table.groupby(["type", "layer"])["fisher"].rank(ascending=False, method="first")

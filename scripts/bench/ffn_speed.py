@@ -1,7 +1,7 @@
 """What heads and FFN neurons buy together in CTranslate2 (issue 43): transformer_base dimensions (6+6 layers,
 d = 512, 8 heads, FFN 2048; weights barely trained: speed does not depend on them), exported with `hprune export`'s
 writer. Models, each at the MACs per target token of its attention and FFN given as a fraction of the unpruned
-model's (flops.unit_costs, counted on a batch of the test split):
+model's (flops.unit_costs, counted over the test split, each sentence at its own length):
   * half the heads per stack (the heads-only bench's model, ctranslate2_speed.py): all heads can remove at most
     the attention's share, about 43 % of these MACs, so heads alone cannot reach half;
   * heads + FFN at the same MACs: 6 of 8 heads per stack, every FFN narrowed to make up the rest;
@@ -51,8 +51,8 @@ def main() -> None:
     data = prepared_data(cfg)
     full = backend.load_model(base_checkpoint(), data)
     model = full.model
-    sample = next(backend.batches(full, "test", 4096, 1))
-    costs = unit_costs(model, sample)
+    lengths = backend.split_lengths(full, "test")
+    costs = unit_costs(model, lengths)
     heads, d_ff = layout(model)["enc-self"][0], ffn_layout(model)["enc-ffn"][0]
     pool = mask_macs(costs, as_mask(model, kept(model, heads, d_ff)), TYPES)
     fraction = lambda ids: mask_macs(costs, as_mask(model, ids), TYPES) / pool  # noqa: E731
@@ -80,7 +80,7 @@ def main() -> None:
             Path(dirs[name]).mkdir()
             writer.save(writer.model_spec(pruned, full.cfg.model, full.task.source_dictionary,
                                           full.task.target_dictionary), dirs[name], "int8")
-            whole = macs_per_token(pruned, sample)["macs_per_token"]
+            whole = macs_per_token(pruned, lengths)["macs_per_token"]
             rows[name] = {"fraction": fraction(ids), "heads": len(ids["enc-self"][0]), "width": len(ids["enc-ffn"][0]),
                           "macs": whole}
         for threads in (1, 2):

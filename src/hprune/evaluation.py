@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from . import backend
 from .errors import UserError
-from .flops import macs_per_token, mask_macs, unit_costs
+from .flops import Lengths, macs_per_token, mask_macs, unit_costs
 from .pruning.heads import Mask
 from .reporting.significance import DEFAULT_TOKENIZE, tokenize_of
 
@@ -174,8 +174,7 @@ class Evaluator:
         from .analysis.moa import expert_load, load_summary
 
         session, split, max_tokens = self.session, split or self.measure.split, self.measure.max_tokens
-        costs = {"n_params": session.n_params(),
-                 **macs_per_token(session.model, next(session.batches(split, max_tokens, 1)))}
+        costs = {"n_params": session.n_params(), **macs_per_token(session.model, self.lengths(split))}
         load = expert_load(session.model, session.batches(split, max_tokens))
         if not load.empty:
             model_cfg = session.loaded.cfg.model  # the MoA settings as the checkpoint records them
@@ -183,13 +182,16 @@ class Evaluator:
                          **load_summary(load))
         return costs, load
 
+    def lengths(self, split: Optional[str] = None) -> Lengths:
+        """The sentences of a split (default: the loss split) MACs per target token are counted over: all of them,
+        each at its own length."""
+        return backend.split_lengths(self.session.loaded, split or self.measure.loss_split)
+
     def unit_costs(self) -> dict:
-        """What each attention sublayer's heads cost in MACs per target token (flops.unit_costs), counted once on a
-        batch of the loss split, with the heads the model has now."""
+        """What each attention sublayer's heads (and each FFN's neurons) cost in MACs per target token
+        (flops.unit_costs), counted once over the whole loss split, with the units the model has now."""
         if self._unit_costs is None:
-            session = self.session
-            sample = next(session.batches(self.measure.loss_split, self.measure.max_tokens, 1))
-            self._unit_costs = unit_costs(session.model, sample)
+            self._unit_costs = unit_costs(self.session.model, self.lengths())
         return self._unit_costs
 
     def attention_macs_pct(self, mask: Mask, types) -> float:

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
@@ -32,16 +33,65 @@ def count_flops(fn: Callable, *args, **kwargs) -> int:
     return _counted(fn, *args, **kwargs).get_total_flops()
 
 
-def macs_per_token(model, sample: dict) -> dict:
-    """Forward multiply-accumulates of teacher-forced translation of one batch, per target token: the whole
-    model, and its attention sublayers alone (MACs = FLOPs / 2, as counted above)."""
-    counter = _counted(model, **sample["net_input"])
-    tokens = int(sample["ntokens"])
-    by_module = counter.get_flop_counts()
-    attention = sum(sum(ops.values()) for name, ops in by_module.items()
-                    if name.endswith((".self_attn", ".encoder_attn")))
-    return {"macs_per_token": round(counter.get_total_flops() / 2 / tokens),
-            "attention_macs_per_token": round(attention / 2 / tokens)}
+@dataclass(frozen=True)
+class Lengths:
+    """The sentences MACs are counted over, as their source and target lengths in tokens (eos included): a whole
+    split (`of_split`), or one batch's sentences without their padding (`of_sample`)."""
+    source: np.ndarray
+    target: np.ndarray
+
+    @classmethod
+    def of_sample(cls, sample: dict, pad: int) -> "Lengths":
+        return cls(sample["net_input"]["src_lengths"].cpu().numpy(), sample["target"].ne(pad).sum(1).cpu().numpy())
+
+    def moments(self) -> np.ndarray:
+        """Σ of each monomial of (S, T) a module's MACs are a polynomial of, over the sentences."""
+        s, t = self.source.astype(np.float64), self.target.astype(np.float64)
+        return np.array([s.size, s.sum(), t.sum(), (s * s).sum(), (t * t).sum(), (s * t).sum()])
+
+
+# A transformer's MACs on one sentence are a polynomial of degree 2 in its source and target lengths (projections
+# are linear in them; attention scores and contexts: S², T², S·T): counted at these six (S, T), which determine
+# such a polynomial, its sum over any number of sentences follows exactly from their moments. The seventh checks it.
+_PROBES = [(2, 2), (3, 2), (4, 2), (2, 3), (2, 4), (3, 3)]
+_CHECK = (7, 5)
+
+
+def _monomials(s: int, t: int) -> List[float]:
+    return [1.0, s, t, s * s, t * t, s * t]
+
+
+def _probe_input(model, source: int, target: int) -> dict:
+    """A sentence of `source` tokens and a teacher-forced target of `target` (eos throughout: never padding; which
+    tokens they are does not change a dense model's MACs)."""
+    device = next(model.parameters()).device
+    src_eos, tgt_eos = model.encoder.dictionary.eos(), model.decoder.dictionary.eos()
+    return {"src_tokens": torch.full((1, source), src_eos, device=device),
+            "src_lengths": torch.tensor([source], device=device),
+            "prev_output_tokens": torch.full((1, target), tgt_eos, device=device)}
+
+
+def counted_macs(model, lengths: Lengths) -> Dict[str, float]:
+    """MACs per target token of every module (FlopCounterMode's names, "Global" the whole model) of teacher-forced
+    translation of the sentences of `lengths`, each at its own length, without padding: Σ_sentences MACs / Σ T."""
+    counts = [_counted(model, **_probe_input(model, s, t)).get_flop_counts() for s, t in _PROBES + [_CHECK]]
+    names = set().union(*counts)
+    flops = np.array([[sum(count.get(name, {}).values()) for name in sorted(names)] for count in counts], dtype=np.float64)
+    coefficients = np.linalg.solve(np.array([_monomials(s, t) for s, t in _PROBES]), flops[:-1])
+    predicted = np.array(_monomials(*_CHECK)) @ coefficients
+    if not np.allclose(predicted, flops[-1], rtol=1e-9, atol=0.5):
+        raise RuntimeError("this model's MACs are not a quadratic of the sentence lengths; flops.counted_macs "
+                           "cannot sum them from probes")
+    total = lengths.moments() @ coefficients / 2 / float(lengths.target.sum())
+    return dict(zip(sorted(names), total.tolist()))
+
+
+def macs_per_token(model, lengths: Lengths) -> dict:
+    """Forward multiply-accumulates of teacher-forced translation per target token, over the sentences of
+    `lengths`: the whole model, and its attention sublayers alone (MACs = FLOPs / 2, as counted above)."""
+    by_module = counted_macs(model, lengths)
+    attention = sum(macs for name, macs in by_module.items() if name.endswith((".self_attn", ".encoder_attn")))
+    return {"macs_per_token": round(by_module["Global"]), "attention_macs_per_token": round(attention)}
 
 
 @dataclass(frozen=True)
@@ -62,16 +112,15 @@ class UnitCost:
         return self.shared + kept * self.per_unit + slots
 
 
-def unit_costs(model, sample: dict) -> Dict[Tuple[str, int], UnitCost]:
-    """Each attention sublayer's UnitCost, from the MACs counted (as above) on one teacher-forced batch with the
-    units it has now: a model pruned to any mask runs sum(cost.macs(kept)) MACs per target token in attention.
+def unit_costs(model, lengths: Lengths) -> Dict[Tuple[str, int], UnitCost]:
+    """Each attention sublayer's UnitCost, from the MACs counted (as above) over the sentences of `lengths` with
+    the units it has now: a model pruned to any mask runs sum(cost.macs(kept)) MACs per target token in attention.
     Each FFN's too (its neurons; an encoder neuron's cost per target token counts the source tokens it runs on)."""
-    by_module = _counted(model, **sample["net_input"]).get_flop_counts()
-    tokens = int(sample["ntokens"])
+    by_module = counted_macs(model, lengths)
     names = {id(module): f"{type(model).__name__}.{name}" for name, module in model.named_modules()}
 
     def macs(module) -> float:
-        return sum(by_module.get(names[id(module)], {}).values()) / 2 / tokens
+        return by_module.get(names[id(module)], 0.0)
 
     costs = {}
     for attn_type, layer, module in model.attention_modules():

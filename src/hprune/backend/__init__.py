@@ -38,6 +38,7 @@ from .generation import (  # noqa: E402
     BeamSearchResult,
     batches,
     sampled_batches,
+    split_lengths,
     split_loss,
     split_symbols,
     split_targets,

@@ -1,18 +1,23 @@
-"""Beam search and teacher-forced batches over a split, exactly as fairseq-generate and fairseq-train read them."""
+"""Beam search and teacher-forced batches over a split, exactly as fairseq-generate and fairseq-train read them
+(but for a multilingual model's forced target-language token, scored as its own runtimes score it:
+ForcedPrefixScoredZero)."""
 from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 from fairseq import options
+from fairseq.sequence_generator import SequenceGenerator
 from omegaconf import DictConfig
 
 from ..console import progress
 from ..errors import UserError
+from ..flops import Lengths
 from .commands import generation_argv
 from .compat import PLUGIN_DIR, frozen_heap, to_omegaconf
 from .loading import Loaded
@@ -53,17 +58,20 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
         argv.append("--cpu")
     cfg = _generation_cfg(tuple(argv))
     task, model = loaded.task, loaded.model
-    load_split(loaded, split)
+    source_positions = check_positions(loaded, split)  # loads the split
     dataset = task.dataset(split)
     model.prepare_for_inference_(cfg)
     itr = task.get_batch_iterator(
         dataset=dataset, max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        # sources as fairseq-generate limits them (checked above); no limit on the references, which the model
+        # never reads (fairseq-generate refuses a longer one; its hypothesis is cut at the decoder's positions)
+        max_positions=(source_positions, sys.maxsize),
         ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
         required_batch_size_multiple=cfg.dataset.required_batch_size_multiple, seed=cfg.common.seed,
         num_workers=cfg.dataset.num_workers, data_buffer_size=cfg.dataset.data_buffer_size,
+        disable_iterator_cache=True,  # fairseq caches one iterator per split: another call's batches otherwise
     ).next_epoch_itr(shuffle=False)
-    generator = task.build_generator([model], cfg.generation)
+    generator = build_generator(loaded, cfg)
     tokenizer_, bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
 
     def decode(text: str) -> str:
@@ -100,6 +108,28 @@ def translate(loaded: Loaded, gen: DictConfig, split: str, seed: int,
                         len(hypotheses), timer.n, timer.sum)
 
 
+class ForcedPrefixScoredZero(SequenceGenerator):
+    """fairseq's beam search with forced prefix tokens (a multilingual model's target language) scored 0, as the
+    model's own runtimes score them (transformers' forced_bos_token_id, CTranslate2's target_prefix). fairseq's
+    prefix_tokens count the token's log-probability: a constant in every hypothesis's score, but one that
+    normalising by length (lenpen) weighs differently for different lengths, so beam search picked other
+    translations than those runtimes (issue 50: NLLB sentence 29, -0.196 vs -0.198 one way, -0.144 vs -0.149 the
+    other). Greedy search is unchanged."""
+
+    def _prefix_tokens(self, step: int, lprobs, scores, tokens, prefix_tokens, beam_size: int):
+        lprobs, tokens, scores = super()._prefix_tokens(step, lprobs, scores, tokens, prefix_tokens, beam_size)
+        forced = prefix_tokens[:, step].unsqueeze(-1).repeat(1, beam_size).view(-1)
+        rows = forced.ne(self.pad)
+        lprobs[rows] = lprobs[rows].scatter(-1, forced[rows].unsqueeze(-1), 0.0)
+        return lprobs, tokens, scores
+
+
+def build_generator(loaded: Loaded, cfg: DictConfig) -> SequenceGenerator:
+    """The task's beam search for the model with fairseq-generate's settings `cfg`."""
+    return loaded.task.build_generator([loaded.model], cfg.generation,
+                                       seq_gen_cls=ForcedPrefixScoredZero if loaded.prefix_ids() else None)
+
+
 def _prefix(loaded: Loaded, sample: dict) -> Optional[torch.Tensor]:
     """The forced first target tokens of a batch (fairseq's prefix_tokens), or None."""
     ids = loaded.prefix_ids()
@@ -120,6 +150,7 @@ def batches(loaded: Loaded, split: str, max_tokens: Optional[int], max_batches: 
         dataset=task.dataset(split), max_tokens=max_tokens, max_sentences=max_sentences, required_batch_size_multiple=1,
         max_positions=utils.resolve_max_positions(task.max_positions(), loaded.model.max_positions()),
         ignore_invalid_inputs=True, seed=shuffle_seed or 1, num_workers=0,
+        disable_iterator_cache=True,  # fairseq's cache would hand back the first call's batches, whatever the settings
     ).next_epoch_itr(shuffle=shuffle_seed is not None)
     for i, sample in enumerate(itr):
         if max_batches is not None and i >= max_batches:
@@ -143,6 +174,14 @@ def sampled_batches(loaded: Loaded, split: str, sentences: int, batch_size: int,
         sample = dataset.collater([dataset[int(i)] for i in drawn[start:start + batch_size]])
         batches.append(utils.move_to_cuda(sample) if loaded.device == "cuda" else sample)
     return batches
+
+
+def split_lengths(loaded: Loaded, split: str) -> Lengths:
+    """Every sentence's source and target length in tokens (eos included) of a binarized split, as fairseq's
+    batches hold them: what MACs per target token are counted over."""
+    load_split(loaded, split)
+    dataset = loaded.task.dataset(split)
+    return Lengths(dataset.src_sizes, dataset.tgt_sizes)
 
 
 def split_symbols(loaded: Loaded, split: str, limit: Optional[int] = None) -> List[Tuple[List[str], List[str]]]:
@@ -191,7 +230,7 @@ def translate_each(loaded: Loaded, gen: DictConfig, sources: List[List[str]], se
     argv = [loaded.cfg.task.data, "--user-dir", PLUGIN_DIR, "--path", str(loaded.path), *generation_argv(gen, "test", seed)]
     cfg = _generation_cfg(tuple(argv + (["--cpu"] if loaded.device == "cpu" else [])))
     loaded.model.eval()
-    generator = loaded.task.build_generator([loaded.model], cfg.generation)
+    generator = build_generator(loaded, cfg)
     source, target = loaded.task.source_dictionary, loaded.task.target_dictionary
     hypotheses = []
     for symbols in sources:
@@ -214,6 +253,29 @@ def _ids(dictionary, symbols: List[str]) -> torch.Tensor:
 def _on_device(loaded: Loaded, sample: dict) -> dict:
     from fairseq import utils
     return utils.move_to_cuda(sample) if loaded.device == "cuda" else sample
+
+
+def check_positions(loaded: Loaded, split: str) -> int:
+    """The model's source positions (fairseq's limit on a source, eos included), after checking that every source
+    of the split fits: fairseq's batching cannot take a longer one (fairseq-generate stops on it with a traceback,
+    or skips it with --skip-invalid-size-inputs-valid-test), and a score without it, or with it cut, would not be
+    the split's. One line names how many do not fit, which (the lines of the prepared source text) and the fix."""
+    from fairseq import utils
+
+    load_split(loaded, split)
+    limit = utils.resolve_max_positions(loaded.task.max_positions(), loaded.model.max_positions())[0]
+    sizes = loaded.task.dataset(split).src_sizes
+    over = [int(i) for i in (sizes > limit).nonzero()[0]]
+    if over:
+        src = loaded.cfg.task.source_lang
+        text = Path(loaded.cfg.task.data).parent / "raw" / f"{split}.{src}"
+        where = f"line{'s' if len(over) > 1 else ''} {', '.join(str(i + 1) for i in over[:5])}" + \
+            (f" and {len(over) - 5} more" if len(over) > 5 else "") + (f" of {text}" if text.is_file() else "")
+        raise UserError(f"{len(over)} of {len(sizes)} {split} sentences have sources longer than the model's {limit} "
+                        f"positions ({where}: up to {int(sizes[over].max())} tokens with eos), and hprune translates "
+                        "every sentence of the split it scores; split or shorten those sentences in your source "
+                        "and reference files and prepare the data again, or score another split")
+    return int(limit)
 
 
 def load_split(loaded: Loaded, split: str) -> None:

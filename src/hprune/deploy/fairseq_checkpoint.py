@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 def write_checked(evaluator, mask: dict, dest: Path, masked, config_from: Optional[Path] = None) -> dict:
     """Physically remove the heads `mask` drops into `dest`, reopen it, and check it against the evaluator's model
     under the mask (`masked`: evaluator.evaluate(mask)): largest output difference on a batch of the loss split,
-    BLEU, same translations, size, MACs per target token counted on both (whole model and attention) and
-    speed. config_from: see backend.export_pruned."""
+    BLEU, same translations, size, MACs per target token counted on both over the loss split (whole model and
+    attention; as the budget's unit costs are) and speed. config_from: see backend.export_pruned."""
     session, measure = evaluator.session, evaluator.measure
     pruned = evaluator.on(session.write_pruned(mask, dest, config_from))
     sample = next(session.batches(measure.loss_split, measure.max_tokens, 1))
@@ -34,7 +34,8 @@ def write_checked(evaluator, mask: dict, dest: Path, masked, config_from: Option
     if not same:
         log.warning("the physically pruned model's translations differ from the masked model's")
     n_params, n_params_pruned = session.n_params(), pruned.session.n_params()
-    counted = {name: macs_per_token(model, sample) for name, model in (("unpruned", session.model),
+    lengths = evaluator.lengths()
+    counted = {name: macs_per_token(model, lengths) for name, model in (("unpruned", session.model),
                                                                        ("pruned", pruned.session.model))}
     return {"export_checkpoint": str(dest.absolute()), "export_max_abs_diff": difference,
             "export_bleu": result.bleu, "export_same_translations": same, "n_params_pruned": n_params_pruned,
