@@ -184,7 +184,61 @@ def test_bad_model_folders_are_one_line_each(hub, tmp_path):
                           "embeds", "fr words but", "dict.fr.txt")
     assert_one_line_error(eval_error(folder("pairs"), *pretrained(hub, "data.valid_sets=[wmt17]")),
                           "wmt17 has no en-fr")
+    assert_one_line_error(eval_error(folder("same"), "data=pretrained",
+                                     f"data.test_sets=[{{src:{hub['raw'] / 'test.en'},tgt:{hub['raw'] / 'test.en'}}}]"),
+                          "test.en is given as both the en and the fr side")
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_your_text_with_a_model_of_its_own_vocabulary_is_refused_before_any_work(hub, tmp_path, data_root):
+    """data=text would learn a BPE and a dictionary of its own, which an imported or published model cannot read:
+    one line before anything is prepared, naming the data=pretrained form with your files, which then works."""
+    import shlex
+    folder = tmp_path / "model"
+    shutil.copytree(hub["dir"], folder)
+    (folder / "hprune.yaml").write_text("test_sets: [wmt14/full]\n")  # as fetched or imported
+    before = sorted(p.name for p in data_root.iterdir())
+    own = ["data=text", "data.src_lang=en", "data.tgt_lang=fr", f"data.train={hub['raw'] / 'train'}",
+           f"data.test={{src:{hub['raw'] / 'test.en'},tgt:{hub['raw'] / 'test.fr'}}}"]
+    result = hprune("eval", f"ckpt={folder}", *own, f"hydra.run.dir={tmp_path / 'text'}", "device=cpu", check=False)
+    line = assert_one_line_error(result, f"data=pretrained data.model_dir={folder} 'data.test_sets=[{{src:")
+    assert sorted(p.name for p in data_root.iterdir()) == before and not (tmp_path / "text" / "metrics.json").exists()
+    suggested = shlex.split(line.split("with the model's own: ")[1])
+    assert suggested[2:] == [f"data.test_sets=[{{src:{hub['raw'] / 'test.en'},tgt:{hub['raw'] / 'test.fr'}}}]",
+                             f"data.train_sets=[{{src:{hub['raw'] / 'train.en'},tgt:{hub['raw'] / 'train.fr'}}}]"]
+    hprune("eval", f"ckpt={folder}", *suggested, f"hydra.run.dir={tmp_path / 'pretrained'}", "device=cpu")
+    data_bin = Path(json.loads((tmp_path / "pretrained" / "metrics.json").read_text())["data_bin"])
+    assert (data_bin / "test.en-fr.en.bin").read_bytes() == (hub["bin"] / "test.en-fr.en.bin").read_bytes()
+
+
+def test_a_test_sentence_longer_than_the_models_positions_is_refused_and_a_long_reference_is_scored(hub, tmp_path):
+    """A source longer than the encoder's 1,024 positions: one line before any translation (was fairseq's "Size
+    of sample #3 is invalid" traceback), naming the line; a reference that long: every sentence translated (the
+    model never reads it; fairseq-generate refuses it too), the hypothesis cut at the decoder's positions."""
+    from hprune.evaluation import score
+    sources = (hub["raw"] / "test.en").read_text().splitlines()[:10]
+    targets = (hub["raw"] / "test.fr").read_text().splitlines()[:10]
+    long = {side: " ".join((" ".join(lines) + " ").split() * 40)[:20_000] for side, lines in (("en", sources),
+                                                                                               ("fr", targets))}
+
+    def files(name: str, source: list, target: list) -> str:
+        write_lines(tmp_path / f"{name}.en", source)
+        write_lines(tmp_path / f"{name}.fr", target)
+        return f"data.test_sets=[{{src:{tmp_path / f'{name}.en'},tgt:{tmp_path / f'{name}.fr'}}}]"
+
+    result = hprune("eval", f"ckpt={hub['dir'] / 'model.pt'}", "data=pretrained",
+                    files("long_source", sources[:3] + [long["en"]] + sources[3:], targets[:3] + ["x"] + targets[3:]),
+                    f"hydra.run.dir={tmp_path / 'refused'}", "device=cpu", check=False)
+    assert_one_line_error(result, "1 of 11 test sentences have sources longer than the model's 1024 positions",
+                          "(line 4 of ", "split or shorten those sentences")
+    out = tmp_path / "scored"
+    references = targets[:3] + [long["fr"]] + targets[3:]
+    hprune("eval", f"ckpt={hub['dir'] / 'model.pt'}", "data=pretrained",
+           files("long_reference", sources[:3] + [sources[0]] + sources[3:], references), f"hydra.run.dir={out}",
+           "device=cpu")
+    metrics = json.loads((out / "metrics.json").read_text())
+    hypotheses = (out / "hypotheses.test.txt").read_text().splitlines()
+    assert metrics["sentences"] == 11 and metrics["bleu"] == score(hypotheses, references).bleu
 
 
 def tarball(folder: Path) -> bytes:
@@ -230,3 +284,9 @@ def test_a_published_model_is_fetched_resumed_recorded_and_pruned(hub, tmp_path)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["imported_from"] == "transformer" and metrics["export_same_translations"]
     assert load_checkpoint(metrics["export_checkpoint"])["cfg"]["model"].decoder_ffn_embed_dim == 48
+    # the pruned checkpoint knows the model folder it came from: measured without data=, on the run's own data
+    pruned = Path(metrics["export_checkpoint"])
+    assert f"model_dir: {folder}" in (pruned.parent / "hprune.yaml").read_text()
+    hprune("eval", f"ckpt={pruned}", f"hydra.run.dir={tmp_path / 'eval-pruned'}", "device=cpu")
+    evaluated = json.loads((tmp_path / "eval-pruned" / "metrics.json").read_text())
+    assert evaluated["data_bin"] == metrics["data_bin"] and evaluated["bleu"] == metrics["export_bleu"]

@@ -51,6 +51,8 @@ class Session:
         data = kind.bound(cfg.data, checkpoint.path, checkpoint.languages)  # a model's own data: from its folder
         data_bin = prepare(data, cfg.paths.data_root, kind)
         loaded = backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision)
+        if cfg.get("generation") is not None and cfg.get("split") and cfg.get("loss_split"):
+            backend.generation.check_positions(loaded, cfg.split)  # the split BLEU is on: refused before any work
         session = cls(data, loaded, data_bin, cfg.precision, bool(cfg.get("tensorboard", False)), kind=kind)
         log.info("model %s (%s parameters) on %s, %s; data %s", session.checkpoint, f"{session.n_params():,}",
                  session.device, cfg.precision, data.name)
@@ -213,7 +215,10 @@ class Session:
 
     def write_pruned(self, mask: Mask, dest: Path, config_from: Optional[Path] = None) -> "Session":
         """The checkpoint of the model with the heads `mask` drops physically removed, written to `dest` and
-        reopened. config_from: see backend.export_pruned."""
+        reopened. config_from: see backend.export_pruned. A model of its own vocabulary (data=pretrained) gets its
+        folder's files beside it (the kind's beside_checkpoint), so that verbs given it need no data=."""
+        if self.kind.beside_checkpoint is not None:
+            self.kind.beside_checkpoint(self.data, Path(dest).parent)
         backend.export_pruned(self.loaded, kept_ids(mask), dest, config_from)
         return self.reopen(dest)
 

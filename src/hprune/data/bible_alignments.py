@@ -14,7 +14,8 @@ bible-alignments (code MIT) ships them.
     held out: whole chapters, numbered from 0 in canonical order (Matthew 1 is 0): chapter k is a test chapter when
         k % test_every == test_every // 2, a valid chapter when k % valid_every == 0 (and not test), else train
     raw/<valid|test>.align: the manual alignments as Pharaoh `i-j` (the i-th Greek word, the j-th English token
-        of the verse, from 0), read by `hprune analyze`; links between words of two verses are dropped and counted;
+        of the verse, from 0), read by `hprune analyze`; links between words of two verses, and links of a verse
+        dropped for lacking a side, are dropped and counted (data.json: links_in_records = links + the dropped);
         raw/<split>.exclude: the English tokens the alignment leaves out (punctuation, `exclude`), unscored
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 csv.field_size_limit(1 << 24)
 
 
-EXTRACT_VERSION = 2  # bump when the extraction's output changes for the same wheel and settings
+EXTRACT_VERSION = 3  # bump when the extraction's output changes for the same wheel and settings
 
 
 def check(data: DictConfig) -> None:
@@ -114,23 +115,27 @@ def verse_pairs(source_rows: list[dict], target_rows: list[dict]) -> "OrderedDic
     return pairs
 
 
-def links(records: list[dict], pairs: dict) -> tuple[dict, int]:
-    """verse -> sure links (Greek word index, English token index); and how many links joined two verses."""
+def links(records: list[dict], pairs: dict) -> tuple[dict, dict]:
+    """verse -> sure links (Greek word index, English token index); and how many of the records' links (every
+    Greek word of a record with every English token of it) were dropped, by reason: they join two verses, a word of
+    theirs is in a verse without its other side (or in no verse pair: a blank word), or they repeat a link."""
     where_source = {i: (verse, n) for verse, p in pairs.items() for n, i in enumerate(p["source_ids"])}
     where_target = {i: (verse, n) for verse, p in pairs.items() for n, i in enumerate(p["target_ids"])}
     out: dict[str, set] = {}
-    crossing = 0
+    dropped = {"across_verses": 0, "verse_without_a_side": 0, "repeated": 0}
     for record in records:
         for s in record["source"]:
             for t in record["target"]:
                 (vs, i), (vt, j) = where_source.get(s.lstrip("n"), (None, None)), where_target.get(t, (None, None))
                 if vs is None or vt is None:
-                    continue  # a word of a verse without its other side
-                if vs != vt:
-                    crossing += 1
-                    continue
-                out.setdefault(vs, set()).add((i, j))
-    return out, crossing
+                    dropped["verse_without_a_side"] += 1
+                elif vs != vt:
+                    dropped["across_verses"] += 1
+                elif (i, j) in out.setdefault(vs, set()):
+                    dropped["repeated"] += 1
+                else:
+                    out[vs].add((i, j))
+    return out, dropped
 
 
 def split_of(chapter: int, held_out: DictConfig) -> str:
@@ -156,7 +161,7 @@ def _extract(data: DictConfig, path: Path, out: Path) -> dict:
     source_rows, target_rows, records, licences = _read_wheel(data, path)
     (out / "annotations").mkdir()
     pairs = verse_pairs(source_rows, target_rows)
-    verse_links, crossing = links(records, pairs)
+    verse_links, dropped = links(records, pairs)
     chapters = list(OrderedDict.fromkeys(verse[:5] for verse in pairs))
     split = {verse: split_of(chapters.index(verse[:5]), data.held_out) for verse in pairs}
     held = {}
@@ -181,7 +186,10 @@ def _extract(data: DictConfig, path: Path, out: Path) -> dict:
     english_verses = {row["source_verse"] for row in target_rows}
     return {"verse_pairs": len(pairs), "verses_without_a_side": len(greek_verses ^ english_verses)
             + len((greek_verses & english_verses) - set(pairs)),
-            "links": sum(len(v) for v in verse_links.values()), "links_across_verses_dropped": crossing,
+            "links_in_records": sum(len(r["source"]) * len(r["target"]) for r in records),
+            "links": sum(len(v) for v in verse_links.values()), "links_across_verses_dropped": dropped["across_verses"],
+            "links_of_verses_without_a_side_dropped": dropped["verse_without_a_side"],
+            "links_repeated_dropped": dropped["repeated"],
             "held_out": {name: {"verses": h["verses"], "chapters": len(h["chapters"]),
                                 "first_chapters": h["chapters"][:3]} for name, h in held.items()}}
 
@@ -195,8 +203,9 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     info = json.loads((extracted / "DONE").read_text())
     summary = {**build_from_text(data, stages, extracted, staging, tokenize=False, clean=False),
                "wheel": {"path": str(path), "sha256": file_digest(path, "sha256")},
-               **{k: info[k] for k in ("verse_pairs", "verses_without_a_side", "links",
-                                       "links_across_verses_dropped", "held_out")}}
+               **{k: info[k] for k in ("verse_pairs", "verses_without_a_side", "links_in_records", "links",
+                                       "links_across_verses_dropped", "links_of_verses_without_a_side_dropped",
+                                       "links_repeated_dropped", "held_out")}}
     (staging / "LICENSES.md").write_bytes((staging / "raw" / "LICENSES.md").read_bytes())
     write_json(staging / "data.json", summary)
     return summary

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, open_dict
 from ..errors import UserError
 from ..files import write_json
 from .kinds import DataKind, register_kind
+from .processing import read_lines
 
 SPLIT_FILE = re.compile(r"^(?P<split>[a-z]+\d*)\.(?P<src>[\w-]+?)-(?P<tgt>[\w-]+)\.(?P<lang>[\w-]+)\.bin$")
 
@@ -72,7 +73,8 @@ def config_key(data: DictConfig) -> str:
     folder = _folder(data)
     files = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir()) if p.is_file()}
     key = {"path": str(folder), "files": files, "langs": [data.src_lang, data.tgt_lang],
-           "references": data.get("references"), "post_process": data.post_process, "tokenizer": data.tokenizer}
+           "references": data.get("references"), "post_process": data.post_process, "tokenizer": data.tokenizer,
+           "format": 2}  # 2: references read as read_lines reads them (no byte-order mark)
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -91,7 +93,7 @@ def build(data: DictConfig, staging: Path) -> dict:
     for split in names:
         given = references / f"{split}.{tgt}" if references is not None else None
         if given is not None and given.is_file():
-            lines = given.read_text(encoding="utf-8").splitlines()
+            lines = read_lines(given)
         else:
             lines = backend.split_targets(folder, split, src, tgt, data.post_process, data.tokenizer)
             decoded.append(split)

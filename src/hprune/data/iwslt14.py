@@ -2,7 +2,8 @@
 
     de-en.tgz (downloaded, or data.archive.path) -> train.tags.de-en.{de,en}: lines with <url>, <talkid> or
         <keywords> dropped, <title> and <description> tags removed -> Moses tokenizer (tokenizer.perl -l, no -a,
-        no punctuation normalisation) -> clean-corpus-n 1..175 words, ratio 1.5 -> lowercased
+        no punctuation normalisation) -> clean-corpus-n 1..175 words, ratio 1.5, no word over 1,000 characters
+        -> lowercased
         -> valid: every 23rd pair (awk 'NR%23 == 0'), train: the rest
     IWSLT14.TED*.{de,en}.xml: the <seg> lines, ’ as ', tokenized and lowercased -> test: dev2010, TEDX.dev2012,
         tst2010, tst2011 and tst2012 concatenated, in that order
@@ -27,7 +28,7 @@ from ..files import file_digest, write_json
 from .corpora import ARCHIVE_ERRORS
 from .download import Remote, fetch
 from .kinds import DataKind, register_kind
-from .processing import keep_pair, line_function
+from .processing import MAX_WORD_LENGTH, keep_pair, line_function
 from .stages import check_processing, key_with_file, run_stage, subword_files, write_lines
 from .text import build_from_text
 
@@ -148,7 +149,7 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     extracted = run_stage(stages, "extract", {
         "archive": digest, "langs": [data.src_lang, data.tgt_lang], "test_sets": list(data.test_sets),
         "valid_every": data.valid_every, "min_len": data.min_len, "max_len": data.max_len,
-        "max_ratio": data.max_ratio}, lambda out: _extract(data, archive, out))
+        "max_ratio": data.max_ratio, "max_word_length": MAX_WORD_LENGTH}, lambda out: _extract(data, archive, out))
     summary = {**build_from_text(data, stages, extracted, staging, tokenize=False, clean=False),
                "archive": {"path": str(archive), "sha256": digest},
                "iwslt_test_sets": list(data.test_sets)}

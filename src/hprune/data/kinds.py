@@ -1,7 +1,7 @@
 """The registry of data kinds: a kind is one module of this package (named as the kind) and one or more
 `configs/data/<name>.yaml` with `kind: <name>`, nothing else.
 
-A kind registers three functions and two optional ones (`register_kind` at the end of its module):
+A kind registers three functions and three optional ones (`register_kind` at the end of its module):
 
     key(data) -> str                       the prepared set's identity (its cache folder is <name>-<key>)
     check(data) -> None                    refuse bad settings before anything is written or downloaded
@@ -10,6 +10,9 @@ A kind registers three functions and two optional ones (`register_kind` at the e
     bind(data, checkpoint, languages) -> data  complete the settings for one model (optional: as given)
     subwords(data, folder) -> [Path]       the files that turn text into the model's tokens, for a deployed
                                            model (optional: none)
+    beside_checkpoint(data, folder)        write beside a checkpoint derived from the model (a pruned one) what
+                                           makes its folder the model's, so verbs given it need no data= (optional:
+                                           nothing; pretrained's: dictionaries, codes, hprune.yaml)
 
 `from_model`: the settings come from a model's folder (pretrained), so nothing can be bound without one. A kind
 kept outside hprune is imported from its yaml's `module:` (a module name on PYTHONPATH).
@@ -37,6 +40,7 @@ class DataKind:
     bind: Optional[Callable[..., DictConfig]] = None
     from_model: bool = False
     subwords: Optional[Callable[[DictConfig, Path], list]] = None
+    beside_checkpoint: Optional[Callable[[DictConfig, Path], None]] = None
 
     def bound(self, data: DictConfig, checkpoint: Optional[Path] = None,
               languages: tuple[Optional[str], Optional[str]] = (None, None)) -> DictConfig:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -24,11 +25,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import UserError
 from ..files import write_json
-from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings
+from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings, write_settings
 from . import testsets
 from .kinds import DataKind, register_kind
 from .prepare import multilingual_needs_languages, prefixes
-from .processing import fastbpe_codes_to_subword_nmt, line_function
+from .processing import fastbpe_codes_to_subword_nmt, line_function, read_lines
 
 log = logging.getLogger(__name__)
 CODES_FILES = ("bpecodes", "code", "codes")
@@ -37,7 +38,7 @@ SIDE_SENTENCEPIECE = ("spm.{lang}.model", "sentencepiece.{lang}.model")  # one m
 TOKENIZERS = ("moses", None, "none")  # Moses; Moses' punctuation normalisation only (null); the text as it is
 BPE_KINDS = ("auto", "subword_nmt", "fastbpe", "sentencepiece", "none")
 POST_PROCESS = {"subword_nmt": "subword_nmt", "fastbpe": "subword_nmt", "sentencepiece": "sentencepiece", "none": None}
-FORMAT_VERSION = 1  # bump when the preparation changes for the same inputs
+FORMAT_VERSION = 2  # bump when the preparation changes for the same inputs
 JOINT_DICTIONARY = "dict.txt"  # a multilingual model's dictionary, used for every language it has
 
 
@@ -130,6 +131,30 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
     return data
 
 
+def beside_checkpoint(data: DictConfig, folder: Path) -> None:
+    """Make `folder`, where a checkpoint derived from this model is written (a physically pruned one), a folder of
+    the model: its dictionaries and codes copied, and hprune.yaml with the data settings of the run (the sets, your
+    files by absolute path, tokenizer, bpe; the languages of a multilingual model) and where it came from
+    (`source.model_dir`). A verb given that checkpoint then reads it with data=pretrained, as the run did, without
+    data= (hprune_cli adds it for a folder with hprune.yaml)."""
+    files, original = model_files(data), Path(data.model_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.resolve() == original.resolve():
+        return
+    for path in sorted({*files.dictionaries, *(p for p in files.codes if p is not None)}):
+        shutil.copyfile(path, folder / path.name)
+    settings = read_settings(original)
+    source = settings.get("source") if isinstance(settings.get("source"), dict) else {}
+    settings["source"] = {**source, "model_dir": str(original)}
+    for key in ("test_sets", "valid_sets", "train_sets"):
+        entries = [entry if isinstance(entry, str) else {side: str(Path(entry[side]).expanduser().absolute())
+                                                         for side in ("src", "tgt")} for entry in _entries(data, key)]
+        settings.pop(key, None)
+        settings.update({key: entries} if entries else {})
+    settings.update(tokenizer=data.tokenizer, bpe=data.bpe)
+    write_settings(folder, settings)
+
+
 def language_token(tokens: dict, lang: str, folder) -> str:
     """The token that marks `lang` in a multilingual model, or one line with the closest codes it has."""
     if lang in tokens:
@@ -179,6 +204,10 @@ def check(data: DictConfig) -> None:
                 for side in ("src", "tgt"):
                     if not Path(entry[side]).expanduser().is_file():
                         raise UserError(f"data.{split.rstrip('0123456789')}_sets: {entry[side]} does not exist")
+                if Path(entry["src"]).expanduser().samefile(Path(entry["tgt"]).expanduser()):
+                    raise UserError(f"data.{split.rstrip('0123456789')}_sets: {entry['src']} is given as both the "
+                                    f"{data.src_lang} and the {data.tgt_lang} side ({entry['tgt']}); give each "
+                                    "language's own file")
 
 
 def _digest(path: Path) -> str:
@@ -201,8 +230,7 @@ def config_key(data: DictConfig) -> str:
 def _read(entry, src: str, tgt: str) -> tuple[list[str], list[str]]:
     if isinstance(entry, str):
         return testsets.load(entry, src, tgt)
-    sources = Path(entry["src"]).expanduser().read_text(encoding="utf-8").splitlines()
-    targets = Path(entry["tgt"]).expanduser().read_text(encoding="utf-8").splitlines()
+    sources, targets = read_lines(Path(entry["src"])), read_lines(Path(entry["tgt"]))
     if len(sources) != len(targets):
         raise UserError(f"{entry['src']} has {len(sources)} lines but {entry['tgt']} has {len(targets)}; "
                         "pass line-aligned parallel files")
@@ -297,5 +325,5 @@ def build(data: DictConfig, staging: Path) -> dict:
 
 
 register_kind(DataKind("pretrained", key=config_key, check=check, build=lambda data, root, staging: build(data, staging),
-                        bind=bind, from_model=True,
+                        bind=bind, from_model=True, beside_checkpoint=beside_checkpoint,
                         subwords=lambda data, folder: sorted({p for p in model_files(data).codes if p is not None})))

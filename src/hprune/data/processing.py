@@ -52,6 +52,19 @@ def _subword_nmt(codes: str) -> Callable[[str], str]:
     return lambda line: bpe.segment(line.strip())
 
 
+BOM = "\ufeff"  # a byte-order mark: Windows editors start UTF-8 files with it; it is no text
+
+
+def read_lines(path: Path) -> list[str]:
+    """A text file of yours as its lines: split at \\n only (as `wc -l` counts them, not at the other line
+    boundaries str.splitlines knows), without CRLF's \\r or a byte-order mark at a line's start (a file's, or one
+    concatenated in)."""
+    lines = Path(path).expanduser().read_text(encoding="utf-8").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r").lstrip(BOM) for line in lines]
+
+
 def fastbpe_codes_to_subword_nmt(src: Path, dest: Path) -> Path:
     """fastBPE's codes (WMT19 models: `left right count` a line, in merge order; the last character of a word
     carries `</w>`) as subword-nmt codes (version 0.2: the same merges and end-of-word convention, without the
@@ -154,10 +167,19 @@ def learn_sentencepiece(files: list[Path], model_prefix: Path, vocab_size: int, 
         hard_vocab_limit=False, minloglevel=2)
 
 
-def keep_pair(src: str, tgt: str, min_len: int, max_len: int, max_ratio: float) -> bool:
-    """clean-corpus-n.perl: both sides within [min_len, max_len] words and neither more than max_ratio times
-    longer than the other."""
+MAX_WORD_LENGTH = 1000  # clean-corpus-n.perl's -max-word-length (its default, which no recipe changes)
+
+
+def keep_pair(src: str, tgt: str, min_len: int, max_len: int, max_ratio: float,
+              max_word_length: int = MAX_WORD_LENGTH) -> bool:
+    """clean-corpus-n.perl: both sides within [min_len, max_len] words, neither more than max_ratio times longer
+    than the other, and no word longer than max_word_length characters (the script drops a pair when either side
+    matches `[^\\s|]{max_word_length + 1}` after deleting `|`, which only a factored corpus keeps: a word's
+    characters other than `|` are counted)."""
     ns, nt = len(src.split()), len(tgt.split())
     if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
         return False
-    return ns <= max_ratio * nt and nt <= max_ratio * ns
+    if not (ns <= max_ratio * nt and nt <= max_ratio * ns):
+        return False
+    return not any(len(word) - word.count("|") > max_word_length for side in (src, tgt) for word in side.split()
+                   if len(word) > max_word_length)

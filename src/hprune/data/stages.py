@@ -26,13 +26,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..files import build_once, write_json
-from .processing import keep_pair, learn_sentencepiece, learn_subword_nmt, map_file
+from .processing import MAX_WORD_LENGTH, keep_pair, learn_sentencepiece, learn_subword_nmt, map_file
 
 log = logging.getLogger(__name__)
 STAGE_VERSION = 1  # bump when a stage's output changes for the same inputs
 BPE_KINDS = ("subword_nmt", "sentencepiece")
 SUBWORD_FILES = {"subword_nmt": "bpecodes", "sentencepiece": "spm.model"}  # in the data set folder, beside bin/
 NOT_IDENTITY = ("workers", "download_retries", "bleu_tokenize")  # how a data set is built or scored, not what it is
+# what changed the text kinds' output since STAGE_VERSION 1 without changing every stage: part of every data set's
+# identity (a data set built before is built again, its unchanged stages reused); `read` is data=text's reading
+READS = {"max_word_length": MAX_WORD_LENGTH, "read": 2}
 
 
 def key_of(obj) -> str:
@@ -45,7 +48,7 @@ def config_key(data: DictConfig, extra: Optional[dict] = None) -> str:
     params = OmegaConf.to_container(data, resolve=True)
     for key in NOT_IDENTITY:
         params.pop(key, None)
-    return key_of({"params": params, "version": STAGE_VERSION, **({"files": extra} if extra else {})})
+    return key_of({"params": params, "version": STAGE_VERSION, "reads": READS, **({"files": extra} if extra else {})})
 
 
 def key_with_file(data: DictConfig, name: str, given: Optional[str]) -> str:
@@ -117,9 +120,9 @@ def subword_model(learned: Path, bpe: str) -> Path:
 
 
 def clean_splits(data: DictConfig, bpe: Path, references: Path, out: Path, splits=("train", "valid")) -> dict:
-    """clean-corpus-n on train and valid (BPE tokens, as the recipes), streamed; each split's references
-    (`references/<split>.{src,tgt}`, the untokenized text) follow their pairs into `<split>.raw.<lang>`. Test sets
-    are never filtered."""
+    """clean-corpus-n on train and valid (BPE tokens, as the recipes; its word-length limit too), streamed; each
+    split's references (`references/<split>.{src,tgt}`, the untokenized text) follow their pairs into
+    `<split>.raw.<lang>`. Test sets are never filtered."""
     src, tgt = data.src_lang, data.tgt_lang
     kept = {}
     for split in splits:

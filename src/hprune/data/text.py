@@ -8,9 +8,10 @@ A split is given one of three ways (configs/data/text.yaml):
     data.train=corpus/train.tsv              one file, source<TAB>target a line
     data.train='{src: a.txt, tgt: b.txt}'    two files named
 
-Bad input is one line each, before anything is kept: a missing file, sides of unequal length (both files and
-their counts), an empty or non-UTF-8 line (the file and line; data.on_bad_lines=skip drops such pairs and counts
-them), a test set without its references.
+Bad input is one line each, before anything is kept: a missing file, one file given as both sides, sides of
+unequal length (both files and their counts), an empty or non-UTF-8 line (the file and line; data.on_bad_lines=skip
+drops such pairs and counts them), a test set without its references, a model with its own vocabulary (data=pretrained
+encodes your files with it). A byte-order mark at the start of a line (a file's first) and CRLF line ends are no text.
 """
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..files import write_json
+from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings
 from .kinds import DataKind, register_kind
+from .processing import BOM, MAX_WORD_LENGTH
 from .stages import (
+    READS,
     binarize_into,
     check_processing,
     clean_splits,
@@ -87,6 +91,9 @@ def split_files(data: DictConfig, split: str) -> Optional[SplitFiles]:
     if missing:
         raise UserError(f"{setting}: {' and '.join(str(p) for p in missing)} "
                         f"{'does' if len(missing) == 1 else 'do'} not exist; give {FORMS}")
+    if found.target is not None and found.source.samefile(found.target):
+        raise UserError(f"{setting}: {found.source} is given as both the {data.src_lang} and the {data.tgt_lang} side "
+                        f"({found.target}); give each language's own file")
     return found
 
 
@@ -101,6 +108,28 @@ def check(data: DictConfig) -> None:
         raise UserError(f"data.valid_every must be 2 or more (every N-th training pair is held out), not {data.valid_every}")
     for split in ("train", "valid", "test"):
         split_files(data, split)
+
+
+def bind(data: DictConfig, checkpoint: Optional[Path] = None, languages=(None, None)) -> DictConfig:
+    """data=text is for a model trained on it. A model that came with its own vocabulary and subwords (a folder
+    with hprune.yaml: a published or imported model, or a pruned checkpoint of one) reads only text encoded with
+    them, which data=pretrained does: refused before anything is read or learnt, naming that form with these files."""
+    folder = Path(checkpoint).parent if checkpoint is not None else None
+    if folder is None or not (folder / SETTINGS_FILE).is_file():
+        return data
+    sets, tsv = [], []
+    for split in ("test", "valid", "train"):
+        found = split_files(data, split)
+        if found is not None:
+            files = (found.source, found.target) if found.target is not None else ("FILE", "FILE")
+            sets.append(f"'data.{split}_sets=[{{src:{files[0]},tgt:{files[1]}}}]'")
+            tsv += [found.source.name] if found.target is None else []
+    multilingual = LANGUAGES in read_settings(folder)
+    raise UserError(f"{folder} holds a model with its own vocabulary and subwords ({SETTINGS_FILE}), which data=text "
+                    "would learn anew from your files and the model could not read; encode your files with the "
+                    f"model's own: data=pretrained data.model_dir={folder} {' '.join(sets)}"
+                    + (f" data.src_lang={data.src_lang} data.tgt_lang={data.tgt_lang}" if multilingual else "")
+                    + (f" (the two columns of {', '.join(tsv)} as two files)" if tsv else ""))
 
 
 def key(data: DictConfig) -> str:
@@ -126,8 +155,8 @@ class LineCheck:
             self.first.append(f"{where}:{line_no} ({why})")
 
     def text(self, raw: bytes, where: str, line_no: int) -> Optional[str]:
-        try:
-            text = " ".join(raw.decode("utf-8").split())  # one line per sentence, whatever whitespace it had
+        try:  # one line per sentence, whatever whitespace it had (\r of CRLF included), without a byte-order mark
+            text = " ".join(raw.decode("utf-8").lstrip(BOM).split())  # (a file's, or one concatenated in)
         except UnicodeDecodeError as err:
             self.bad(where, line_no, f"is not UTF-8 ({err.reason} at byte {err.start})")
             return None
@@ -229,7 +258,7 @@ def build_from_text(data: DictConfig, stages: Path, extracted: Path, staging: Pa
     if clean:
         cleaned = run_stage(stages, "clean", {"apply_bpe": applied.name, "references": references.name,
                                               "min_len": data.min_len, "max_len": data.max_len,
-                                              "max_ratio": data.max_ratio},
+                                              "max_ratio": data.max_ratio, "max_word_length": MAX_WORD_LENGTH},
                             lambda out: clean_splits(data, applied, references, out))
         texts.update(train=cleaned, valid=cleaned)
         raws["valid"] = (cleaned, "valid.raw.{lang}")
@@ -258,11 +287,12 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     identity = {split: [file_identity(p) for p in found.files]
                 for split in ("train", "valid", "test") if (found := split_files(data, split))}
     read = run_stage(stages, "read", {"files": identity, "langs": [data.src_lang, data.tgt_lang],
-                                      "valid_every": data.valid_every, "on_bad_lines": data.on_bad_lines},
+                                      "valid_every": data.valid_every, "on_bad_lines": data.on_bad_lines,
+                                      "reader": READS["read"]},
                      lambda out: _read(data, out))
     summary = {**build_from_text(data, stages, read, staging), "skipped_bad_lines": stage_info(read)["skipped_bad_lines"]}
     write_json(staging / "data.json", summary)
     return summary
 
 
-register_kind(DataKind("text", key=key, check=check, build=build, subwords=subword_files))
+register_kind(DataKind("text", key=key, check=check, build=build, bind=bind, subwords=subword_files))
