@@ -7,12 +7,15 @@ which runs make it and how far a fresh run may land from the page (its spread, s
     python scripts/doc_figures.py                   # rewrite every section from them
     python scripts/doc_figures.py --check           # exit 1 where a page and the runs disagree beyond the spread
 
-`make docs-check` runs the demo and the check: a page whose figures a fresh run does not reproduce fails it.
+`make docs-check` runs the demo and the check: a page whose figures a fresh run does not reproduce fails it. The
+same runs write scripts/demo_expected.json, the ranges `make demo`'s summary holds its figures against (their
+spread over the study's seeds); the check fails where the file and the runs disagree.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -275,6 +278,63 @@ def study_fisher(runs: Path) -> str:
             f"{fisher['tuned'].max():+.2f}, significantly in {int(fisher['sig_tuned'].sum())} of {len(fisher)}.\n")
 
 
+# ------------------------------------------------------------------------------- the demo's expected ranges
+EXPECTED = ROOT / "scripts" / "demo_expected.json"
+ABOUT = ("what `make demo` should print (scripts/demo_summary.py compares): each headline figure's mean +- 3 sd over "
+         "training seeds, from the demo's own settings on each seed's model (scripts/study_methods.sh: "
+         "outputs/study_demo), rounded outward to 0.1; Michel against random: 1..1 where it won in every seed; the "
+         "retraining-free search's seconds: a bound. Written by scripts/doc_figures.py")
+
+
+def _outward(low: float, high: float) -> list:
+    return [math.floor(low * 10 + 1e-9) / 10, math.ceil(high * 10 - 1e-9) / 10]
+
+
+def demo_expected(runs: Path) -> dict:
+    """scripts/demo_expected.json from the runs: the spread over seeds of what `make demo` prints."""
+    demo = runs / "study_demo"
+    seeds = sorted(int(p.name) for p in demo.iterdir() if p.name.isdigit()) if demo.is_dir() else []
+    if len(seeds) < 2:
+        raise FileNotFoundError(2, "no runs of two seeds or more", str(demo / "<seed>"))
+    values: dict = {"unpruned_bleu": [], "control_change": [], "enc_self_removed_drop": []}
+    for seed in seeds:
+        control, removed = (json.loads((demo / str(seed) / run / "metrics.json").read_text())
+                            for run in ("control", "no_enc_self"))
+        values["unpruned_bleu"].append(control["bleu_unpruned"])
+        values["control_change"].append(control["delta_bleu"])
+        values["enc_self_removed_drop"].append(control["bleu_unpruned"] - removed["bleu"])
+    ranges = {}
+    for key, figures in values.items():
+        figures = pd.Series(figures, dtype=float)
+        ranges[key] = _outward(figures.mean() - 3 * figures.std(), figures.mean() + 3 * figures.std())
+    ranges["unpruned_bleu"][1] = min(ranges["unpruned_bleu"][1], 100.0)
+    pairs = pd.read_csv(runs / "study" / "report" / "pairwise_seeds.csv")
+    michel = pairs[(pairs["method"] == "michel") & (pairs["versus"] == "random")].set_index("sparsity")
+    for sparsity in (25, 50):
+        won, of = map(int, str(michel.loc[sparsity, "significant"]).split("/"))
+        ranges[f"michel_beats_random_{sparsity}"] = [1, 1] if won == of else [0, 1]
+    ranges["fisher_seconds"] = [0, 60]
+    return {"about": ABOUT, "seeds": seeds, "values": {key: [round(v, 2) for v in figures]
+                                                        for key, figures in values.items()}, "ranges": ranges}
+
+
+def expected_problems(runs: Path, check: bool) -> list:
+    """Write scripts/demo_expected.json from the runs, or (check) say where it and the runs disagree."""
+    try:
+        fresh = demo_expected(runs)
+    except FileNotFoundError as err:
+        return [f"{EXPECTED.relative_to(ROOT)}: no runs to make it from ({err.filename}); run "
+                "scripts/study_methods.sh"]
+    if not check:
+        EXPECTED.write_text(json.dumps(fresh, indent=1, ensure_ascii=False) + "\n")
+        return []
+    on_file = json.loads(EXPECTED.read_text()).get("ranges", {})
+    far = [key for key, bounds in fresh["ranges"].items()
+           if key not in on_file or any(abs(a - b) > 0.05 for a, b in zip(on_file[key], bounds))]
+    return [f"{EXPECTED.relative_to(ROOT)}: " + ", ".join(f"{key} {on_file.get(key)} vs the runs' "
+                                                          f"{fresh['ranges'][key]}" for key in far)] if far else []
+
+
 @dataclass(frozen=True)
 class Block:
     make: Callable[[Path], str]
@@ -283,7 +343,7 @@ class Block:
     optional: bool = False  # runs that `make docs-check` does not make (the real-language study): absent, no problem
 
 
-DEMO, STUDY, REAL = ("demo",), ("demo", "seeds", "study"), ("real",)
+DEMO, STUDY, REAL = ("demo",), ("demo", "seeds", "study", "study_demo"), ("real",)
 BLOCKS = {
     "demo-comparison": Block(demo_comparison, 30.0, DEMO),
     "demo-findings": Block(demo_findings, 30.0, DEMO),
@@ -401,6 +461,8 @@ def main() -> int:
         updated = SECTION.sub(section, text)
         if not args.check and updated != text:
             path.write_text(updated)
+    if args.pages == list(PAGES):
+        problems += expected_problems(args.runs, args.check)
     if not args.check and args.pages == list(PAGES):
         for image, source in IMAGES.items():
             if (args.runs / source).is_file():

@@ -78,3 +78,32 @@ def test_each_section_says_which_commit_its_runs_were_made_with_and_a_stale_one_
     assert figures(page, tmp_path).returncode == 0 and old[:10] in page.read_text()
     checked = figures(page, tmp_path, "--check")
     assert checked.returncode == 0 and f"since {old[:10]} changed the code these runs ran" in checked.stderr
+
+
+def test_the_demos_expected_ranges_are_the_spread_of_its_figures_over_seeds(tmp_path):
+    """scripts/demo_expected.json is written from the demo's own settings run on each seed's model: mean ± 3 sd,
+    rounded outward to 0.1 (BLEU at most 100); Michel against random a claim only where it won in every seed."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("doc_figures", SCRIPT)
+    doc_figures = importlib.util.module_from_spec(spec)
+    sys.modules["doc_figures"] = doc_figures  # (its dataclasses look their module up)
+    spec.loader.exec_module(doc_figures)
+    figures_by_seed = {1: (100.0, -0.56, 30.1), 2: (99.88, 0.01, 40.2), 3: (100.0, -1.51, 35.3)}
+    for seed, (bleu, change, without) in figures_by_seed.items():
+        for run, metrics in (("control", {"bleu_unpruned": bleu, "delta_bleu": change}),
+                             ("no_enc_self", {"bleu": bleu - without})):
+            (tmp_path / "study_demo" / str(seed) / run).mkdir(parents=True)
+            (tmp_path / "study_demo" / str(seed) / run / "metrics.json").write_text(json.dumps(metrics))
+    (tmp_path / "study" / "report").mkdir(parents=True)
+    pd.DataFrame({"method": ["michel"] * 3, "versus": ["random"] * 3, "sparsity": [25, 50, 75],
+                  "significant": ["2/3", "3/3", "3/3"]}).to_csv(tmp_path / "study" / "report" / "pairwise_seeds.csv")
+    expected = doc_figures.demo_expected(tmp_path)
+    changes = pd.Series([-0.56, 0.01, -1.51])
+    low, high = changes.mean() - 3 * changes.std(), changes.mean() + 3 * changes.std()  # -2.97, +1.63
+    assert expected["ranges"]["control_change"] == [-3.0, 1.7] and -3.0 <= low and high <= 1.7
+    assert expected["ranges"]["unpruned_bleu"][1] == 100.0 and expected["ranges"]["unpruned_bleu"][0] < 99.88
+    assert expected["ranges"]["enc_self_removed_drop"] == [20.0, 50.4]  # 35.2 ± 3 × 5.05
+    assert expected["ranges"]["michel_beats_random_25"] == [0, 1] and expected["ranges"]["michel_beats_random_50"] == [1, 1]
+    # the file the demo's summary reads has every figure it compares
+    on_file = json.loads((ROOT / "scripts" / "demo_expected.json").read_text())["ranges"]
+    assert set(on_file) == set(expected["ranges"])
