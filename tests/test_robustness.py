@@ -119,3 +119,30 @@ def test_ctrl_c_before_the_verb_starts_is_one_line_too(monkeypatch):
     proc = hprune("report", "outputs", check=False)
     assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("hprune report: interrupted (Ctrl-C)")
+
+
+@pytest.mark.slow  # about 30 s: two training workers started, then stopped
+def test_ctrl_c_in_a_training_with_two_workers_is_one_line(tmp_path, data_root):
+    """Ctrl-C reaches the launching process and both workers (one process group, as a terminal sends it): the
+    launching process says it in one line; the workers end without a traceback of their own."""
+    from conftest import SMALL_TRAIN
+    run = tmp_path / "run"
+    proc = sp.Popen([*HPRUNE, "train", f"hydra.run.dir={run}", *SMALL_TRAIN, "optim.max_update=100000",
+                     "optim.update_freq=1", "distributed.world_size=2"], cwd=ROOT, stdout=sp.PIPE, stderr=sp.PIPE,
+                    text=True, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    preexec_fn=_default_signals)
+    try:
+        deadline = time.monotonic() + 180  # until both workers train (their first updates are logged)
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                (run / "train.log").exists() and "epoch 001" in (run / "train.log").read_text()):
+            time.sleep(0.5)
+        assert proc.poll() is None, "the training ended before it could be stopped"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGINT and "Traceback" not in out + err, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("hprune train:")]
+    assert len(said) == 1 and "Ctrl-C" in said[0], err[-2000:]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .console import worker_console
-from .errors import UserError
+from .errors import UserError, as_interrupted, signals_raise
 from .files import write_atomic
 from .launch import launched
 
@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from .backend.training import run_worker
 
-        speed = run_worker(fairseq_argv, args.label, args.timeout)
+        with signals_raise():  # Ctrl-C reaches every worker: the launching process says it, in one line
+            speed = run_worker(fairseq_argv, args.label, args.timeout)
+    except KeyboardInterrupt as err:
+        sys.exit(as_interrupted(err).exit_status)
     except Exception as err:  # the launching process reports it in one line; a traceback goes to the log file
         if not isinstance(err, UserError):
             logging.getLogger("worker").warning("worker %d of %d failed", workers.rank, workers.world_size,

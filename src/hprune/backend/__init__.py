@@ -73,6 +73,6 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",
            "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_checkpoint",
-           "resolve_device", "sampled_batches", "split_loss",
+           "resolve_device", "sampled_batches", "split_lengths", "split_loss",
            "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "token_log_probs", "train", "train_argv",
            "translate", "translate_each"]
