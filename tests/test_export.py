@@ -23,6 +23,22 @@ UNEVEN = {"enc-self": [[1, 0, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]],
 GREEDY = ["generation.beam=1", "generation.max_len_b=200"]  # no translation cut by the length limit
 
 
+def readme_translations(export_dir: Path, lines: list) -> list:
+    """What the program in an export's README.md prints for `lines` (its own example sentence replaced), run as a
+    user runs it: a fresh Python in the export folder, with nothing of hprune imported."""
+    import subprocess
+    import sys
+
+    readme = (export_dir / "README.md").read_text()
+    program = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    example = next(line for line in program.splitlines() if line.startswith("lines = "))
+    program = program.replace(example, f"lines = {lines!r}")
+    proc = subprocess.run([sys.executable, "-c", program], cwd=export_dir, capture_output=True, text=True,
+                          timeout=300, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split("\n")[:-1]
+
+
 @pytest.fixture(scope="module")
 def loaded(trained_run, evaluated_run):
     from hprune import backend
@@ -314,3 +330,32 @@ def test_what_ctranslate2_cannot_hold_is_refused_in_one_line(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "ctranslate2", None)  # as if it were not installed
     with pytest.raises(UserError, match=r"pip install 'hprune\[deploy\]'"):
         model_spec(moa, SimpleNamespace(), None, None)
+
+
+@pytest.mark.parametrize("tokenization", ["synthetic", "subword_nmt", "sentencepiece"])
+def test_the_readme_program_translates_as_the_export(tokenization, trained_run, tmp_path):
+    """The program an export's README.md shows, run as written in a fresh Python with CTranslate2 and the
+    tokenizers alone, prints the export's own translations of the test sources, given as text: the synthetic
+    task (the text is the tokens), your text with Moses + subword-nmt BPE, and with sentencepiece (a multilingual
+    model's: tests/test_hf_multilingual.py). Every translation's length limit is the README's one (256)."""
+    from wmt_fixtures import corpus
+    limit = ["generation.beam=2", "generation.max_len_a=0", "generation.max_len_b=256", "device=cpu"]
+    if tokenization == "synthetic":
+        run, data = trained_run, list(SMALL_DATA)
+    else:
+        pairs = corpus(300, seed=31)
+        for split, rows in (("train", pairs[:280]), ("test", pairs[280:])):
+            for side, lang in enumerate(("en", "de")):
+                (tmp_path / f"{split}.{lang}").write_text("".join(row[side] + "\n" for row in rows))
+        data = ["data=text", "data.src_lang=en", "data.tgt_lang=de", f"data.train={tmp_path / 'train'}",
+                f"data.test={tmp_path / 'test'}", f"data.bpe={tokenization}", "data.bpe_size=150",
+                "data.valid_every=20", "data.workers=1"]
+        run = tmp_path / "run"  # a model a few updates old: what it says does not matter, only that both say it
+        hprune("train", f"hydra.run.dir={run}", *data, "optim.max_update=3", "optim.warmup_updates=1", "device=cpu")
+    out = tmp_path / "export"
+    hprune("export", f"ckpt={run}", f"hydra.run.dir={out}", *data, *limit)
+    exported = (out / "hypotheses" / "ctranslate2.txt").read_text().splitlines()
+    data_bin = Path(json.loads((out / "metrics.json").read_text())["data_bin"])
+    # the synthetic task's text is its pieces (pieces/; raw/ holds the words BLEU sees)
+    given = data_bin.parent / "pieces" / "test.src" if tokenization == "synthetic" else tmp_path / "test.en"
+    assert readme_translations(out / "ctranslate2", given.read_text().splitlines()) == exported

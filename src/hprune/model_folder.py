@@ -19,7 +19,9 @@ from typing import Optional
 from .errors import UserError
 
 SETTINGS_FILE = "hprune.yaml"
-SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe")  # what hprune.yaml may hold, and `source`
+# what hprune.yaml may hold, and `source`; a prefix where a model of one language pair starts its sentences with a
+# token (Marian's >>fra<<: a multilingual model's come from its languages)
+SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe", "source_prefix", "target_prefix")
 LANGUAGES = "languages"  # and, for a multilingual model, its language codes: {code: the token that marks it}
 HF_CONFIG = "config.json"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for

@@ -52,7 +52,7 @@ class Session:
         data_bin = prepare(data, cfg.paths.data_root, kind)
         loaded = backend.load_model(checkpoint, data_bin, cfg.device, cfg.precision)
         if cfg.get("generation") is not None and cfg.get("split") and cfg.get("loss_split"):
-            backend.generation.check_positions(loaded, cfg.split)  # the split BLEU is on: refused before any work
+            backend.check_positions(loaded, cfg.split)  # the split BLEU is on: refused before any work
         session = cls(data, loaded, data_bin, cfg.precision, bool(cfg.get("tensorboard", False)), kind=kind)
         log.info("model %s (%s parameters) on %s, %s; data %s", session.checkpoint, f"{session.n_params():,}",
                  session.device, cfg.precision, data.name)

@@ -37,6 +37,7 @@ from .finetuning import finetune  # noqa: E402
 from .generation import (  # noqa: E402
     BeamSearchResult,
     batches,
+    check_positions,
     sampled_batches,
     split_lengths,
     split_loss,
@@ -70,6 +71,7 @@ from .training import (  # noqa: E402
 
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "BeamSearchResult",
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
+           "check_positions",
            "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
            "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",
            "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_checkpoint",

@@ -158,4 +158,5 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
 
 
 register_kind(DataKind("iwslt14", key=lambda data: key_with_file(data, "archive", data.archive.get("path")),
-                       check=check, build=build, subwords=subword_files))
+                       check=check, build=build, subwords=subword_files,
+                       text_step=lambda data: "moses_plain+lowercase"))

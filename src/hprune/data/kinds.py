@@ -1,7 +1,7 @@
 """The registry of data kinds: a kind is one module of this package (named as the kind) and one or more
 `configs/data/<name>.yaml` with `kind: <name>`, nothing else.
 
-A kind registers three functions and three optional ones (`register_kind` at the end of its module):
+A kind registers three functions and four optional ones (`register_kind` at the end of its module):
 
     key(data) -> str                       the prepared set's identity (its cache folder is <name>-<key>)
     check(data) -> None                    refuse bad settings before anything is written or downloaded
@@ -10,6 +10,9 @@ A kind registers three functions and three optional ones (`register_kind` at the
     bind(data, checkpoint, languages) -> data  complete the settings for one model (optional: as given)
     subwords(data, folder) -> [Path]       the files that turn text into the model's tokens, for a deployed
                                            model (optional: none)
+    text_step(data) -> str | None          what a source line goes through before its subwords, as data/processing.py
+                                           names the steps (`moses`, `normalize`, `moses_plain+lowercase`): a
+                                           deployed model's README does the same (optional: the line as it is)
     beside_checkpoint(data, folder)        write beside a checkpoint derived from the model (a pruned one) what
                                            makes its folder the model's, so verbs given it need no data= (optional:
                                            nothing; pretrained's: dictionaries, codes, hprune.yaml)
@@ -40,6 +43,7 @@ class DataKind:
     bind: Optional[Callable[..., DictConfig]] = None
     from_model: bool = False
     subwords: Optional[Callable[[DictConfig, Path], list]] = None
+    text_step: Optional[Callable[[DictConfig], Optional[str]]] = None
     beside_checkpoint: Optional[Callable[[DictConfig, Path], None]] = None
 
     def bound(self, data: DictConfig, checkpoint: Optional[Path] = None,

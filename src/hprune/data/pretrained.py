@@ -152,6 +152,8 @@ def beside_checkpoint(data: DictConfig, folder: Path) -> None:
         settings.pop(key, None)
         settings.update({key: entries} if entries else {})
     settings.update(tokenizer=data.tokenizer, bpe=data.bpe)
+    if LANGUAGES not in settings:  # a prefix given by hand (a multilingual model's follow from the languages)
+        settings.update({key: token for key, token in zip(("source_prefix", "target_prefix"), prefixes(data)) if token})
     write_settings(folder, settings)
 
 
@@ -324,6 +326,15 @@ def build(data: DictConfig, staging: Path) -> dict:
     return summary
 
 
+def subword_files(data: DictConfig, folder: Path) -> list[Path]:
+    """The model's codes, the source side's first (Marian: source.spm, target.spm); fastBPE's as the data set
+    applied them, in subword-nmt's format (`folder`: the prepared data set)."""
+    files = model_files(data)
+    if files.bpe == "fastbpe":
+        return [folder / "bpecodes.subword_nmt"]
+    return list(dict.fromkeys(p for p in files.codes if p is not None))
+
+
 register_kind(DataKind("pretrained", key=config_key, check=check, build=lambda data, root, staging: build(data, staging),
-                        bind=bind, from_model=True, beside_checkpoint=beside_checkpoint,
-                        subwords=lambda data, folder: sorted({p for p in model_files(data).codes if p is not None})))
+                        bind=bind, from_model=True, beside_checkpoint=beside_checkpoint, subwords=subword_files,
+                        text_step=lambda data: None if data.tokenizer == "none" else data.tokenizer or "normalize"))

@@ -295,4 +295,5 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     return summary
 
 
-register_kind(DataKind("text", key=key, check=check, build=build, bind=bind, subwords=subword_files))
+register_kind(DataKind("text", key=key, check=check, build=build, bind=bind, subwords=subword_files,
+                       text_step=lambda data: tokenize_step(data.tokenizer, bool(data.get("lowercase", False)))))

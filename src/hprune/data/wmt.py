@@ -204,4 +204,5 @@ def build(data: DictConfig, data_root: Path, staging: Path) -> dict:
     return summary
 
 
-register_kind(DataKind("wmt", key=lambda data: config_key(data), check=check_wmt, build=build, subwords=subword_files))
+register_kind(DataKind("wmt", key=lambda data: config_key(data), check=check_wmt, build=build, subwords=subword_files,
+                       text_step=lambda data: data.tokenizer or "normalize"))

@@ -40,6 +40,7 @@ from ..attention_types import ATTENTION_TYPES, FFN_TYPES, STACK
 from ..errors import UserError
 from ..files import build_once, write_atomic
 from ..flops import mask_macs
+from ..rundir import RunDir
 from . import register_exporter
 
 # quantization=: CTranslate2's weight types; none keeps the weights as they are (float32)
@@ -257,47 +258,80 @@ def save(spec, dest, quantization: str) -> None:
     spec.save(str(dest))
 
 
-def readme(data, subword_files: List[str], quantization: str,
-           prefixes: Tuple[Optional[str], Optional[str]] = (None, None)) -> str:
-    """How to use the directory: tokenize, translate, detokenize, with the files beside the model."""
+# A step of data/processing.py (what `hprune data prepare` ran on the source text before its subwords), as the
+# README's program writes it with the same libraries: (lines of set-up, the line's transformation)
+_STEPS = {
+    "moses": (["normalizer = sacremoses.MosesPunctNormalizer(lang={lang!r}, pre_replace_unicode_punct=True, "
+               "post_remove_control_chars=True)", "moses = sacremoses.MosesTokenizer(lang={lang!r})"],
+              "line = moses.tokenize(normalizer.normalize(line), aggressive_dash_splits=True, return_str=True, "
+              "escape=True)"),
+    "moses_plain": (["moses = sacremoses.MosesTokenizer(lang={lang!r})"],
+                    "line = moses.tokenize(line, return_str=True, escape=True)"),
+    "normalize": (["normalizer = sacremoses.MosesPunctNormalizer(lang={lang!r}, pre_replace_unicode_punct=True, "
+                   "post_remove_control_chars=True)"], 'line = " ".join(normalizer.normalize(line).split())'),
+    "lowercase": ([], "line = line.lower()"),
+}
+
+
+def readme(data, subword_files: List[str], quantization: str, prefixes: Tuple[Optional[str], Optional[str]],
+           text_step: Optional[str], generation, max_length: int) -> str:
+    """How to use the directory: a Python program that turns text into the model's tokens as `hprune data
+    prepare` did (`text_step`, then the subword files: the source's first), translates with the export's beam
+    settings (one length limit, `max_length`, for every sentence: fairseq's is max_len_a · |source| +
+    max_len_b), and turns the tokens back into text as hprune scores it (BPE removed, Moses detokenized)."""
     src, tgt = data.src_lang, data.tgt_lang
-    bpe = data.get("bpe") if data.get("bpe") not in (None, "auto") else None
-    if any(name.endswith(".model") for name in subword_files):
-        moses = data.get("tokenizer") == "moses"  # hprune's WMT data: Moses-tokenized before the pieces
-        encode = (f"sp = sentencepiece.SentencePieceProcessor(model_file='{subword_files[0]}')\n"
-                  + (f"# Moses-tokenize (sacremoses, {src}) first, as the data was\n"
-                     "tokens = [sp.encode(moses.tokenize(line, return_str=True), out_type=str) for line in lines]"
-                     if moses else "tokens = [sp.encode(line, out_type=str) for line in lines]"))
-        decode = ("text = [moses_detok.detokenize(sp.decode(h.hypotheses[0]).split()) for h in results]" if moses
-                  else "text = [sp.decode(h.hypotheses[0]) for h in results]")
-    elif subword_files and data.get("tokenizer") == "moses":
-        lower = ".lower()" if data.get("lowercase") else ""
-        encode = (f"# Moses-tokenize (sacremoses, {src}){', lowercase' if lower else ''}, then apply "
-                  f"{subword_files[0]} with subword-nmt\nbpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
-                  f"tokens = [bpe.process_line(moses.tokenize(line, return_str=True){lower}).split() for line in lines]")
-        decode = "text = [moses_detok.detokenize(' '.join(h.hypotheses[0]).replace('@@ ', '').split()) for h in results]"
-    elif subword_files:  # text the data set tokenized its own way (IWSLT14's recipe, a corpus's own tokens)
-        encode = (f"# the text tokenized as data set {data.name} was (docs/data.md), then apply {subword_files[0]} "
-                  f"with subword-nmt\nbpe = subword_nmt.apply_bpe.BPE(open('{subword_files[0]}'))\n"
-                  "tokens = [bpe.process_line(line).split() for line in lines]")
-        decode = "text = [' '.join(h.hypotheses[0]).replace('@@ ', '') for h in results]  # still tokenized"
+    moses = data.get("tokenizer") == "moses" or any(step.startswith("moses") or step == "normalize"
+                                                     for step in (text_step or "").split("+"))
+    imports, setup, encode = ["import ctranslate2"] + (["import sacremoses"] if moses else []), [], []
+    for step in (text_step or "").split("+"):
+        if step:
+            lines, code = _STEPS[step]
+            setup += [line.format(lang=src) for line in lines if line.format(lang=src) not in setup]
+            encode.append(code)
+    if data.get("bpe") == "sentencepiece":
+        imports.append("import sentencepiece")
+        setup.append(f"sp = sentencepiece.SentencePieceProcessor(model_file={subword_files[0]!r})")
+        encode.append("tokens = sp.encode(line.strip(), out_type=str)")
+    elif subword_files:  # BPE codes (fastBPE's are written in subword-nmt's format: the same merges)
+        imports.append("from subword_nmt.apply_bpe import BPE")
+        setup += [f"with open({subword_files[0]!r}, encoding='utf-8') as codes:", "    bpe = BPE(codes)"]
+        encode.append("tokens = bpe.segment(line.strip()).split()")
     else:
-        encode = "tokens = [line.split() for line in lines]  # text already in the model's tokens"
-        join = ".replace('@@ ', '')" if data.get("post_process") == "subword_nmt" else ""
-        decode = f"text = [' '.join(h.hypotheses[0]){join} for h in results]"
+        encode.append("tokens = line.split()  # the text in the model's own tokens (the synthetic task: its pieces/)")
     source_prefix, target_prefix = prefixes
     if source_prefix:  # a multilingual model: its language tokens, as its tokenizer and generate() place them
-        encode += f"\ntokens = [['{source_prefix}'] + t for t in tokens]  # the source language's token first"
-    options = "beam_size=4"
+        encode.append(f"tokens = [{source_prefix!r}] + tokens  # the source language's token first")
+    post_process = data.get("post_process")
+    decode = {"sentencepiece": ['text = "".join(tokens).replace("\u2581", " ").strip()'],
+              "subword_nmt": ['text = (" ".join(tokens) + " ").replace("@@ ", "").rstrip()']}.get(
+        post_process, ['text = " ".join(tokens)'])
+    if data.get("tokenizer") == "moses":
+        setup.append(f"detokenizer = sacremoses.MosesDetokenizer(lang={tgt!r})")
+        decode.append("text = detokenizer.detokenize(text.split())")
+    options = (f"beam_size={generation.beam}, length_penalty={generation.lenpen},\n                                     "
+               f"min_decoding_length={generation.min_len}, max_decoding_length={max_length}")
     if target_prefix:
-        options = f"target_prefix=[['{target_prefix}']] * len(tokens), beam_size=4  # translations start with it"
-        decode = decode.replace("h.hypotheses[0]", "h.hypotheses[0][1:]")
+        options += f",\n                                     target_prefix=[[{target_prefix!r}]] * len(lines)"
+    start = "[1:]" if target_prefix else ""
+    body = "\n".join(
+        ["\n".join(imports), "",
+         f'lines = ["A sentence to translate."]  # the {src} text, one sentence a string',
+         "translator = ctranslate2.Translator('.', device='cpu')  # run here; device='cuda', compute_type='float16'",
+         *setup, "", "", "def encode(line):", *[f"    {code}" for code in encode], "    return tokens", "", "",
+         "def decode(tokens):", *[f"    {code}" for code in decode], "    return text", "", "",
+         f"results = translator.translate_batch([encode(line) for line in lines], {options})",
+         f"translations = [decode(result.hypotheses[0]{start}) for result in results]" +
+         ("  # after the target language's token" if target_prefix else ""),
+         'print("\\n".join(translations))'])
     return (f"# A CTranslate2 model ({src} -> {tgt}, weights {quantization}) written by `hprune export`\n\n"
-            "```python\nimport ctranslate2\n"
-            f"translator = ctranslate2.Translator('.', device='cpu')  # or device='cuda', compute_type='float16'\n"
-            f"{encode}\nresults = translator.translate_batch(tokens, {options})\n{decode}\n```\n\n"
-            f"Subword files: {', '.join(subword_files) or 'none (the synthetic task is written in its tokens)'}"
-            + (f" ({bpe})" if bpe else "") + ".\n")
+            "Translate with CTranslate2 alone (pip install ctranslate2"
+            + "".join(f" {name}" for name, used in (("sacremoses", "sacremoses" in body),
+                                                    ("sentencepiece", "sentencepiece" in body),
+                                                    ("subword-nmt", "subword_nmt" in body)) if used)
+            + "), in this folder: the source text goes through what `hprune data prepare` did to it, and the "
+            "translations come back as hprune scores them.\n\n"
+            f"```python\n{body}\n```\n\n"
+            f"Subword files: {', '.join(subword_files) or 'none (the text is given in the model tokens)'}.\n")
 
 
 def length_limits(sources: Sequence[Sequence[str]], generation, max_positions: int) -> List[int]:
@@ -519,12 +553,17 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
                                                 cfg.threads, prefix)
         for path in subwords:
             shutil.copy(path, staging / path.name)
+        text_step = session.kind.text_step(session.data) if session.kind.text_step else None
         write_atomic(staging / "README.md",
-                     readme(session.data, [p.name for p in subwords], cfg.quantization, session.prefixes))
+                     readme(session.data, [p.name for p in subwords], cfg.quantization, session.prefixes, text_step,
+                            cfg.generation, min(256, session.max_target_positions - 1)))
 
     build_once(dest, "README.md", build)
     parity = checked["parity"]
     theirs, quality = evaluator.score_symbols(checked["translations"], cfg.split)
+    run = RunDir(out)  # both runtimes' translations of the split, beside each other
+    run.save_hypotheses("hprune", masked.hypotheses, evaluator.references(cfg.split, len(theirs)))
+    run.save_hypotheses("ctranslate2", theirs, [])
     metrics = {"split": cfg.split, "bleu": quality.bleu, "bleu_hprune": hprune_quality.bleu,
                "bleu_signature": quality.bleu_signature,
                "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)), **parity.metrics()}
