@@ -8,6 +8,7 @@ verb takes them (tests/test_hf.py does the same for FSMT and Marian)."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -302,7 +303,7 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
     forced_bos_token_id, CTranslate2's target_prefix: log-probability 0), so that beam search, which normalises
     hypotheses of different lengths, picks the same in hprune, transformers (generate with early_stopping=True,
     fairseq's stopping rule) and the CTranslate2 export: every translation that ends before the length limit is
-    the same in all three, beam 4 and greedy (hprune's greedy: test_a_multilingual_model_encodes_...); the
+    the same in all three, beam 5 and greedy (hprune's greedy: test_a_multilingual_model_encodes_...); the
     export's parity check passes, and the program in its README prints the export's translations."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     from test_export import readme_translations
@@ -316,7 +317,7 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
     hprune("export", f"ckpt={hf['dir']}", f"paths.models_root={tmp_path / 'models'}", *pair(hf),
            f"data.test_sets=[{{src:{tmp_path / 'test.en'},tgt:{tmp_path / 'test.fr'}}}]",
            f"data.valid_sets=[{own_text(hf, 'valid')}]", "data.max_pieces_per_word=null", "device=cpu",
-           "generation.beam=4", "generation.lenpen=1.0", "generation.max_len_a=0",
+           "generation.beam=5", "generation.lenpen=1.0", "generation.max_len_a=0",
            f"generation.max_len_b={AGREEMENT_LIMIT}", "format=ctranslate2", f"hydra.run.dir={out}")
     parity = json.loads((out / "metrics.json").read_text())
     ours = (out / "hypotheses" / "hprune.txt").read_text().splitlines()
@@ -329,7 +330,7 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
     # target prefix and not eos
     forced_eos = getattr(theirs.generation_config, "forced_eos_token_id", None) is not None
     counts = {}
-    for beam in (1, 4):
+    for beam in (1, 5):
         with torch.no_grad():
             generated = theirs.generate(**inputs, num_beams=beam, do_sample=False, early_stopping=True,
                                         length_penalty=1.0, max_length=AGREEMENT_LIMIT + 1 + forced_eos,
@@ -342,7 +343,7 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
         # well before it
         ended = [len(r.hypotheses[0]) < AGREEMENT_LIMIT - 2 for r in results]
         counts[beam] = {"transformers=ct2": agreement(by_hf, by_ct2, ended)}
-        if beam == 4:
+        if beam == 5:
             counts[beam].update({"hprune=transformers": agreement(ours, by_hf, ended),
                                  "hprune=ct2": agreement(ours, by_ct2, ended)})
             assert by_ct2 == exported  # the export translated as CTranslate2 does here
@@ -353,6 +354,35 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
             same, of = map(int, count.split("/"))
             assert same == of >= AGREEMENT_SENTENCES / 2, (beam, pair_, count)
     assert parity["parity_ended_differ"] == 0
-    # the README's program gives every sentence one limit (256, or the positions: 127), the export 60
+    # the README's program gives every sentence one limit (256, or the positions: 127), the export 60 (ended: at
+    # beam 5)
     by_readme = readme_translations(out / "ctranslate2", text["en"])
     assert [t for t, e in zip(by_readme, ended) if e] == [t for t, e in zip(exported, ended) if e]
+
+
+def test_the_forced_language_token_is_scored_zero_and_the_rest_as_fairseq():
+    """At a forced step, fairseq's prefix_tokens keep the token's log-probability and rule out the others;
+    ForcedPrefixScoredZero gives it 0 (transformers' and CTranslate2's score), and changes nothing at other steps
+    or for a batch without a prefix token (padding in the prefix)."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    from hprune.backend.generation import ForcedPrefixScoredZero
+    generators = {}
+    for cls in (SequenceGenerator, ForcedPrefixScoredZero):
+        generator = cls.__new__(cls)
+        torch.nn.Module.__init__(generator)
+        generator.pad, generator.eos = 1, 2
+        generators[cls] = generator
+    torch.manual_seed(0)
+    beam, vocab = 3, 11
+    lprobs = torch.log_softmax(torch.randn(2 * beam, vocab), -1)
+    prefix = torch.tensor([[7], [1]])  # a forced token for sentence 0, none (padding) for sentence 1
+    scores, tokens = torch.zeros(2 * beam, 4), torch.zeros(2 * beam, 4, dtype=torch.long)
+    kept, _, _ = generators[SequenceGenerator]._prefix_tokens(0, lprobs.clone(), scores, tokens, prefix, beam)
+    zero, _, _ = generators[ForcedPrefixScoredZero]._prefix_tokens(0, lprobs.clone(), scores, tokens, prefix, beam)
+    forced = torch.full((beam, vocab), -math.inf)
+    forced[:, 7] = lprobs[:beam, 7]
+    assert torch.equal(kept[:beam], forced)  # fairseq's: the forced token's own log-probability
+    forced[:, 7] = 0.0
+    assert torch.equal(zero[:beam], forced)
+    assert torch.equal(zero[beam:], lprobs[beam:]) and torch.equal(kept[beam:], lprobs[beam:])
