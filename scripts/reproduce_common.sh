@@ -7,7 +7,13 @@
 #   HPRUNE_ARGS:              more overrides for every step (e.g. paths.data_root=/scratch/data-bin).
 #   HPRUNE:                   the command (default: hprune; `HPRUNE="echo hprune"` prints the plan instead).
 set -euo pipefail
-HPRUNE=${HPRUNE:-hprune}
+if [[ -z "${HPRUNE:-}" ]]; then  # hprune on PATH (an activated venv, a pip install), else the one `make install` made
+  _root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if command -v hprune > /dev/null; then HPRUNE=hprune
+  elif [[ -x "$_root/.venv/bin/hprune" ]]; then HPRUNE="$_root/.venv/bin/hprune"
+  else echo "hprune is not installed: run make install (or pip install .) first" >&2; exit 2
+  fi
+fi
 LAUNCHER=${LAUNCHER:-local}
 
 _launcher_args() {

@@ -41,3 +41,17 @@ def test_every_step_composes(script, launcher):
         assert ("-m" in rest) == (launcher == "slurm" or "hydra.sweep.dir" in " ".join(rest))
         if launcher == "slurm":
             assert "hydra/launcher=slurm" in rest and "hydra.launcher.partition=gpu" in rest
+
+
+def test_the_scripts_find_hprune_without_an_activated_venv(tmp_path):
+    """`bash scripts/study_methods.sh` right after `make demo`, in a shell where the venv is not activated: the
+    scripts run the hprune `make install` made (they stopped on 'hprune: command not found')."""
+    common = ROOT / "scripts" / "reproduce_common.sh"
+    if not (ROOT / ".venv" / "bin" / "hprune").exists():
+        pytest.skip("no venv made by `make install` here")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run(["bash", "-c", f"source {common} && echo $HPRUNE"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == str(ROOT / ".venv" / "bin" / "hprune"), out.stderr
+    env["HPRUNE"] = "echo hprune"  # as given
+    out = subprocess.run(["bash", "-c", f"source {common} && echo $HPRUNE"], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "echo hprune"
