@@ -122,7 +122,7 @@ def main(demo: Path) -> None:
             f"λ = {lam:g} keeps {sum(map(sum, mask['dec-enc']))}" for lam, mask in sorted(dec_enc_masks.items())))
         survival_test(found, "alignment_survival_p", roles[roles["type"] == "dec-enc"], dec_enc_masks,
                       ["alignment"], "an alignment role")
-    print("expected (README, spread over seeds):")
+    print("expected (scripts/demo_expected.json: the spread over training seeds):")
     for key, (low, high) in expected["ranges"].items():
         value = found.get(key)
         flag = "" if value is not None and low <= value <= high else "   <- outside the range"

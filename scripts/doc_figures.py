@@ -326,7 +326,9 @@ def expected_problems(runs: Path, check: bool) -> list:
         return [f"{EXPECTED.relative_to(ROOT)}: no runs to make it from ({err.filename}); run "
                 "scripts/study_methods.sh"]
     if not check:
-        EXPECTED.write_text(json.dumps(fresh, indent=1, ensure_ascii=False) + "\n")
+        text = json.dumps(fresh, indent=1, ensure_ascii=False)
+        text = re.sub(r"\[\s+([^\[\]{}]*?)\s+\]", lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+        EXPECTED.write_text(text + "\n")  # (a list of numbers on one line)
         return []
     on_file = json.loads(EXPECTED.read_text()).get("ranges", {})
     far = [key for key, bounds in fresh["ranges"].items()
