@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess as sp
+import sys
 import time
 from pathlib import Path
 
@@ -88,6 +89,23 @@ def test_staging_left_by_a_killed_build_is_removed_by_the_next_build_on_its_host
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_pool_of_data_workers_ends_however_soon_after_it_starts(tmp_path):
+    """While a verb runs, SIGTERM has a Python handler (the CLI's one line); a pool worker inherited it, and a
+    pool that ended a worker before the worker's interpreter had finished forking lost that SIGTERM (Python
+    clears the signals caught around a fork), so the pool waited for it forever: a CI run hung 90 minutes in
+    `hprune data prepare`, and the old code hung here after 37 to 296 pools. Each file of a stage is one pool."""
+    (tmp_path / "one.txt").write_text("A Line\n")
+    script = ("import sys; from pathlib import Path\n"
+              "from hprune.errors import signals_raise\n"
+              "from hprune.data.processing import map_file\n"
+              "with signals_raise():\n"
+              "    for _ in range(400):\n"
+              "        map_file('lowercase', 'en', Path('one.txt'), Path('out.txt'), workers=2)\n")
+    proc = sp.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out.txt").read_text() == "a line\n"
 
 
 def test_a_stop_in_a_training_launch_is_a_stop_not_an_error():

@@ -48,9 +48,10 @@ class Interrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
     """While the block runs in this process, SIGINT and SIGTERM raise Interrupted in it (in the main thread; other
-    threads cannot take signals), unless they were ignored when it began. A forked child (a pool's worker
-    preparing data) inherits the handler: it ends as the signal ends any process, without a traceback, and its
-    parent, which the same Ctrl-C reached or which ends its pool, says it in one line."""
+    threads cannot take signals), unless they were ignored when it began. A forked child that keeps the handler
+    ends as the signal ends any process, without a traceback, and its parent says it in one line; a signal that
+    reaches a child before Python has finished forking is lost, though, so a pool holds the signals back while it
+    forks and its workers take the default action (data/processing.py)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

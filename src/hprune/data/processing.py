@@ -7,10 +7,14 @@ Files are processed in chunks by a pool of worker processes; output order is inp
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import multiprocessing
+import signal
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
+
+from hprune.errors import STOP_SIGNALS
 
 CHUNK_LINES = 2000
 _worker: Optional[Callable[[str], str]] = None  # the per-process line function, built once by _init
@@ -111,9 +115,32 @@ def line_function(step: str, arg: str) -> Callable[[str], str]:
     return chained
 
 
-def _init(step: str, arg: str) -> None:
+def _init(step: str, arg: str, mask: set[int]) -> None:
     global _worker
+    # a worker ends as the signal ends any process (no traceback of its own: its parent says it in one line),
+    # and only then takes the stop signals its parent held back while forking it (see _pool)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _worker = line_function(step, arg)
+
+
+@contextlib.contextmanager
+def _pool(workers: int, step: str, arg: str) -> Iterator[multiprocessing.pool.Pool]:
+    """A pool of forked workers, ended (terminated) when the block ends. The stop signals are held back while
+    the workers are forked: a signal that reaches a child before its interpreter has finished forking is dropped
+    by Python (it clears the flags of signals caught around a fork), so a pool ending a worker that had only just
+    started lost its SIGTERM and waited for that worker forever (on a queue lock the pool itself holds). Held
+    back, the signal stays pending until _init lets it in."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, list(STOP_SIGNALS))
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers, initializer=_init, initargs=(step, arg, mask))
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    with pool:  # a stop held back meanwhile is taken here, and ends the pool
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        yield pool
 
 
 def _run_chunk(lines: list[str]) -> list[str]:
@@ -138,7 +165,7 @@ def map_file(step: str, arg: str, src: Path, dest: Path, workers: int = 1) -> in
                 fout.writelines(out + "\n" for out in chunk)
                 n += len(chunk)
             return n
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_init, initargs=(step, arg)) as pool:
+        with _pool(workers, step, arg) as pool:
             for chunk in pool.imap(_run_chunk, _chunks(lines)):
                 fout.writelines(out + "\n" for out in chunk)
                 n += len(chunk)
