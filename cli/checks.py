@@ -12,7 +12,8 @@ FLAGS_WITH_VALUE = {"--config-name", "-cn", "--config-path", "-cp", "--config-di
                      "--package", "-p", "--info", "-i"}
 
 
-def _overrides(args: list[str]) -> list[str]:
+def hydra_overrides(args: list[str]) -> list[str]:
+    """The Hydra overrides of a command line: its arguments less Hydra's flags and their values."""
     out, skip = [], False
     for arg in args:
         if skip:
@@ -24,6 +25,22 @@ def _overrides(args: list[str]) -> list[str]:
     return out
 
 
+def group_options(config_name: str, group: str, args: list[str]) -> list[str]:
+    """The options of a config group of the verb's config, the command line's hydra.searchpath included (a user's
+    own folders may add some)."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    searchpath = [o for o in hydra_overrides(args) if o.lstrip("+").startswith("hydra.searchpath=")]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            return sorted(loader.get_group_options(group, config_name=config_name, overrides=searchpath))
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
     """None if Hydra will accept the overrides, else a one-line message naming the problem and the fix."""
     from hydra import compose, initialize_config_module
@@ -32,7 +49,7 @@ def check_overrides(config_name: str, args: list[str]) -> Optional[str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    overrides = _overrides(args)
+    overrides = hydra_overrides(args)
     parser = OverridesParser.create()
     for override in overrides:
         try:
@@ -73,7 +90,7 @@ def check_launcher(args: list[str]) -> Optional[str]:
     """A sweep sent to SLURM from a machine without SLURM's commands: one line instead of submitit's traceback."""
     if not any(flag in args for flag in ("-m", "--multirun")):
         return None  # without -m Hydra runs the job here and ignores the launcher
-    launchers = [o.partition("=")[2] for o in _overrides(args) if o.partition("=")[0].lstrip("+~") == "hydra/launcher"]
+    launchers = [o.partition("=")[2] for o in hydra_overrides(args) if o.partition("=")[0].lstrip("+~") == "hydra/launcher"]
     missing = [command for command in SLURM_COMMANDS if shutil.which(command) is None]
     if launchers and launchers[-1] in SLURM_LAUNCHERS and missing:
         return (f"hydra/launcher={launchers[-1]} submits each job to SLURM, but this machine has no "

@@ -17,7 +17,7 @@ VERBS = {
     "data": ("hprune.runner.data", "`hprune data prepare data={data}`: download, prepare, binarize (cached);"
                                    " `hprune data fetch published=NAME`: a published fairseq model"),
     "prune": ("hprune.runner.prune", "`hprune prune --method {prune} ckpt=PATH`: which heads go, and what it costs"),
-    "export": ("hprune.runner.export", "`hprune export ckpt=PATH [mask=head_mask.json] format=ctranslate2|fairseq`: "
+    "export": ("hprune.runner.export", "`hprune export ckpt=PATH [mask=head_mask.json] format={export}`: "
                                        "the pruned model for a runtime"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
     "report": ("hprune.runner.report", "`hprune report DIR ...`: methods compared (matched sparsity, MACs, seeds), "
@@ -27,6 +27,10 @@ VERBS = {
 # `hprune report A B` -> runs=['A','B'] (choices None: any number of free values)
 POSITIONAL = {"data": ("action", ("prepare", "fetch")), "report": ("runs", None)}
 SUGAR = {"prune": {"--method": "prune"}}  # `hprune prune --method voita` -> prune=voita
+# a key whose value is also an option of a config group: `hprune export format=fairseq` -> export=fairseq (the
+# format and its own settings, configs/export/fairseq.yaml); a value the group lacks stays the key's (a format of
+# one's own without settings: format=state_dict format_module=...)
+GROUP_KEYS = {"export": {"format": "export"}}
 
 USAGE = "usage: hprune <verb> [key=value ...] [-m] [--cfg job] [--help]"
 
@@ -42,8 +46,10 @@ def _choices(group: str) -> str:
 
 def _help() -> str:
     lines = [USAGE, "", "verbs:"]
-    lines += [f"  {verb:<8} {desc.format(data=_choices('data'), prune=_choices('prune'))}"
-              for verb, (_, desc) in VERBS.items()]
+    # the registries' names as the config groups list them (the registries themselves import torch and fairseq;
+    # tests/test_configs.py keeps the two the same)
+    choices = {group: _choices(group) for group in ("data", "prune", "export")}
+    lines += [f"  {verb:<8} {desc.format(**choices)}" for verb, (_, desc) in VERBS.items()]
     lines += ["  (a method, data kind or export format of your own: docs/development.md, 'Extensions')"]
     lines += ["", "`hprune <verb> --help` lists that verb's config groups and options.",
               "Examples:  hprune train model=transformer_tiny optim.max_update=500",
@@ -127,22 +133,40 @@ MODEL_VERBS = ("eval", "prune", "analyze", "export")  # verbs that measure a mod
 
 
 def _model_data(verb: str, args: list[str]) -> list[str]:
-    """A checkpoint whose folder says what it is (hprune.yaml: a published or imported model; a Hugging Face
-    folder; a Hub id) brings its own data settings: data=pretrained unless the command line chose data."""
+    """A checkpoint that brings its own data settings (hprune.yaml: a published or imported model; a Hugging Face
+    folder; a Hub id; a published name): data=pretrained unless the command line chose data."""
     if verb not in MODEL_VERBS or any(a.lstrip("+~").startswith("data=") for a in args):
         return args
     ckpt = next((a.partition("=")[2] for a in reversed(args) if a.startswith("ckpt=")), None)
-    if ckpt is None or "," in ckpt:  # a sweep over checkpoints: each may be another kind
+    if not ckpt or "," in ckpt:  # a sweep over checkpoints: each may be another kind
         return args
-    from hprune.model_folder import says_what_it_is
+    from hprune.checkpoint_ref import identify  # (what the verb resolves, told from the files here)
 
-    return args + ["data=pretrained"] if says_what_it_is(ckpt) else args
+    return args + ["data=pretrained"] if identify(ckpt).brings_its_data else args
+
+
+def _group_keys(verb: str, args: list[str]) -> list[str]:
+    """`key=value` -> `group=value` where the verb's GROUP_KEYS pair them and the group has every value (a sweep's
+    too), unless the command line chose the group itself."""
+    chosen = {a.lstrip("+~").partition("=")[0] for a in args}
+    pairs = {key: group for key, group in GROUP_KEYS.get(verb, {}).items() if key in chosen and group not in chosen}
+    if not pairs:
+        return args
+    from hprune_cli.checks import group_options
+
+    options = {group: group_options(verb, group, args) for group in pairs.values()}
+    out = []
+    for arg in args:
+        key, _, value = arg.partition("=")
+        selects = key in pairs and all(v in options[pairs[key]] for v in value.split(","))
+        out.append(f"{pairs[key]}={value}" if selects else arg)
+    return out
 
 
 def overrides(verb: str, args: list[str]) -> list[str]:
-    """The command line as the verb's Hydra app takes it: positional words and sugar mapped, a model folder's
-    data implied."""
-    return _model_data(verb, _desugar(verb, positional(verb, args)))
+    """The command line as the verb's Hydra app takes it: positional words and sugar mapped, a key that selects a
+    group's option turned into that choice, a model folder's data implied."""
+    return _model_data(verb, _group_keys(verb, _desugar(verb, positional(verb, args))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,7 +251,7 @@ def _shown_hydra_config(verb: str, args: list[str]) -> bool:
     whole config, then printed as Hydra prints it. False for anything else (Hydra answers)."""
     if _flag_value(args, "--cfg", "-c") != "hydra" or "--resolve" not in args:
         return False
-    from hprune_cli.checks import _overrides
+    from hprune_cli.checks import hydra_overrides
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -237,7 +261,7 @@ def _shown_hydra_config(verb: str, args: list[str]) -> bool:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
-            cfg = compose(config_name=verb, overrides=_overrides(args), return_hydra_config=True)
+            cfg = compose(config_name=verb, overrides=hydra_overrides(args), return_hydra_config=True)
     finally:
         GlobalHydra.instance().clear()
     HydraConfig.instance().set_config(cfg)

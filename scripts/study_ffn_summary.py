@@ -10,7 +10,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from hprune.reporting.significance import paired_bootstrap, tokenize_of
+from hprune.bleu import tokenize_of
+from hprune.reporting.significance import paired_bootstrap
 
 
 def main(root: Path) -> None:

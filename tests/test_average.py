@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("fairseq")
 from hprune import backend  # noqa: E402
-from hprune.backend import resolve_checkpoint  # noqa: E402
+from hprune.checkpoint_ref import resolve  # noqa: E402
 from hprune.errors import UserError  # noqa: E402
 
 
@@ -20,14 +20,14 @@ def test_last_epochs_averaged_in_epoch_order_and_used_by_run_dirs(tmp_path):
     for epoch, w in weights.items():
         save(save_dir / f"checkpoint{epoch}.pt", w, epoch)
     save(save_dir / "checkpoint_best.pt", torch.zeros(3, 4), 0)
-    assert resolve_checkpoint(str(tmp_path / "run")).name == "checkpoint_best.pt"
+    assert resolve(str(tmp_path / "run")).checkpoint.name == "checkpoint_best.pt"
     dest = backend.average_checkpoints(save_dir, 2)  # epochs 2 and 10 (not 1 and 10, as a text sort would give)
     state = torch.load(dest, weights_only=True)
     torch.testing.assert_close(state["model"]["w"], torch.stack([weights[2], weights[10]]).mean(0))
     assert state["model"]["steps"].item() == 10  # integers are not averaged: the last checkpoint's
     assert state["last_optimizer_state"] is None
     assert state["extra_state"]["averaged_checkpoints"] == ["checkpoint2.pt", "checkpoint10.pt"]
-    assert resolve_checkpoint(str(tmp_path / "run")) == dest
+    assert resolve(str(tmp_path / "run")).checkpoint == dest
 
 
 def test_nothing_to_average_is_a_clear_error(tmp_path):
@@ -40,12 +40,12 @@ def test_published_directories_resolve_to_their_model_and_ensembles_name_a_membe
     single = tmp_path / "wmt14.en-fr.joined-dict.transformer"
     single.mkdir()
     save(single / "model.pt", torch.zeros(1), 0)
-    assert resolve_checkpoint(single) == single / "model.pt"
+    assert resolve(single).checkpoint == single / "model.pt"
     ensemble = tmp_path / "wmt19.en-ru.ensemble"
     ensemble.mkdir()
     for i in (1, 2, 3, 4, 10):
         save(ensemble / f"model{i}.pt", torch.zeros(1), 0)
     with pytest.raises(UserError, match=r"ensemble of 5 models \(model1.pt, model2.pt, model3.pt, model4.pt, "
                                         r"model10.pt\); .* pass one of them, e.g. ckpt=.*model1.pt"):
-        resolve_checkpoint(ensemble)
-    assert resolve_checkpoint(ensemble / "model2.pt") == ensemble / "model2.pt"
+        resolve(ensemble)
+    assert resolve(ensemble / "model2.pt").checkpoint == ensemble / "model2.pt"

@@ -9,7 +9,7 @@ from hydra.core.global_hydra import GlobalHydra
 CONFIG_DIR = Path(hprune_configs.__file__).parent
 GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation", "experiment"],
           "data": ["data", "experiment"], "prune": ["prune", "data", "generation", "experiment"],
-          "analyze": ["data", "experiment"], "export": ["data", "generation", "experiment"]}
+          "analyze": ["data", "experiment"], "export": ["export", "data", "generation", "experiment"]}
 
 
 def options(group):
@@ -106,3 +106,28 @@ def test_every_prune_config_names_a_registered_method_and_back():
         assert method.control is None or method.procedure, name
     with pytest.raises(UserError, match="unknown pruning method 'taylor'; choose from"):
         get_method("taylor")
+
+
+def test_export_formats_are_the_export_group_and_the_registry():
+    """One name per format: configs/export/<name>.yaml says `format: <name>`, the registry holds exactly those, and
+    each describes itself (docs/deploy.md names it)."""
+    pytest.importorskip("fairseq")
+    from omegaconf import OmegaConf
+
+    from hprune.deploy import EXPORTERS
+    configs = {path.stem: OmegaConf.load(path).format for path in (CONFIG_DIR / "export").glob("*.yaml")}
+    assert all(stem == name for stem, name in configs.items()), configs
+    assert sorted(configs) == sorted(EXPORTERS.names())
+    docs = (CONFIG_DIR.parent / "docs" / "deploy.md").read_text()
+    for name, summary in EXPORTERS.describe():
+        assert summary, f"format {name}: its function has no docstring"
+        assert f"format={name}" in docs, f"docs/deploy.md does not name format={name}"
+
+
+def test_data_kinds_are_the_registry():
+    """Every data config names a registered kind, and every kind has a data config and describes itself."""
+    from hprune.data.kinds import KINDS
+    with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
+        kinds = {compose(config_name="data", overrides=[f"data={option}"]).data.kind for option in options("data")}
+    assert kinds == set(KINDS.names())
+    assert all(summary for _, summary in KINDS.describe()), KINDS.describe()

@@ -23,9 +23,12 @@ UNEVEN = {"enc-self": [[1, 0, 0, 0], [1, 1, 1, 1], [0, 1, 1, 0]],
 GREEDY = ["generation.beam=1", "generation.max_len_b=200"]  # no translation cut by the length limit
 
 
-def readme_translations(export_dir: Path, lines: list) -> list:
+def readme_translations(export_dir: Path, lines: list, max_length: int | None = None) -> list:
     """What the program in an export's README.md prints for `lines` (its own example sentence replaced), run as a
-    user runs it: a fresh Python in the export folder, with nothing of hprune imported."""
+    user runs it: a fresh Python in the export folder, with nothing of hprune imported; max_length: its length
+    limit replaced (the export's, where a weak model's search depends on it even for sentences that end well
+    before)."""
+    import re
     import subprocess
     import sys
 
@@ -33,6 +36,9 @@ def readme_translations(export_dir: Path, lines: list) -> list:
     program = readme.split("```python\n", 1)[1].split("```", 1)[0]
     example = next(line for line in program.splitlines() if line.startswith("lines = "))
     program = program.replace(example, f"lines = {lines!r}")
+    if max_length is not None:
+        program, found = re.subn(r"max_decoding_length=\d+", f"max_decoding_length={max_length}", program)
+        assert found == 1, program
     proc = subprocess.run([sys.executable, "-c", program], cwd=export_dir, capture_output=True, text=True,
                           timeout=300, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]

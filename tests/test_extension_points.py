@@ -1,17 +1,63 @@
-"""A data kind and an export format are each one module (and, for a data kind, one yaml), registered where they
-live and found through a config key (`data.module`, `format_module`): kept outside hprune, they run through
-`hprune data prepare` and `hprune export` with no hprune file edited (docs/development.md, "Extensions")."""
+"""A data kind and an export format are each one module (and, for a data kind, one yaml; for a format with settings
+of its own, one yaml), registered where they live and found through a config key (`data.module`,
+`format_module`): kept outside hprune, they run through `hprune data prepare` and `hprune export` with no hprune
+file edited. The files each extension is are what docs/development.md's table ("Extensions") says: the table is
+read here and set against the files the tests build (here and in test_method_plugin.py)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import SMALL_DATA, hprune
 from test_cli import assert_one_line_error
+from test_layout import HF_FAMILY_HOMES
 
 pytest.importorskip("fairseq")
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "development.md"
+# the files of each extension kept outside hprune, as the tests build them (one list per test)
+EXTENSIONS = {
+    "an order": [["largest_first.py", "prune/largest_first.yaml"]],
+    "a trained method": [["head_scales.py", "prune/head_scales.yaml"]],
+    "a data kind": [["data/tsv.yaml", "tsv_kind.py"]],
+    "an export format": [["state_dict_format.py"], ["export/state_dict.yaml", "state_dict_format.py"]],
+}
+
+
+def files_of(folder: Path) -> list[str]:
+    """The files an extension kept in `folder` is (Python's bytecode caches aside)."""
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
+                  if path.is_file() and "__pycache__" not in path.parts)
+
+
+def counted(files: list[str]) -> str:
+    """The files as the table counts them: `1 module`, `1 module + 1 yaml`."""
+    modules, yamls = sum(f.endswith(".py") for f in files), sum(f.endswith(".yaml") for f in files)
+    assert modules + yamls == len(files), files
+    return " + ".join(f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((modules, "module"), (yamls, "yaml")) if n)
+
+
+def extension_table() -> dict[str, str]:
+    """docs/development.md's table: each extension's first column -> its files column."""
+    section = DOCS.read_text().split("## Extensions: the files each touches", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| extension")]
+    return {row[0]: row[1] for row in rows}
+
+
+def test_the_extension_table_counts_the_files_the_tests_build():
+    table = extension_table()
+    for extension, builds in EXTENSIONS.items():
+        (row,) = [files for name, files in table.items() if name.startswith(extension)]
+        for files in builds:
+            assert counted(files) in row, (extension, counted(files), row)
+        assert "no hprune file" in row, (extension, row)
+    (family,) = [files for name, files in table.items() if name.startswith("a Hugging Face family")]
+    assert re.match(rf"{len(HF_FAMILY_HOMES)} hprune modules", family), family
 
 KIND = '''
 import hashlib
@@ -81,6 +127,7 @@ def test_a_data_kind_from_its_own_module_and_yaml(tmp_path):
     args = ["data", "prepare", "data=tsv", f"hydra.searchpath=[file://{plugin}]", f"paths.data_root={root}",
             f"hydra.run.dir={tmp_path / 'run'}"]
     hprune(*args)
+    assert [files_of(plugin)] == EXTENSIONS["a data kind"]
     (folder,) = root.glob("tsv-*")
     assert (folder / "READY").exists()
     assert (folder / "raw" / "test.de").read_text().splitlines() == [de for _, de in PAIRS["test"]]
@@ -117,20 +164,30 @@ def export(evaluator, mask, out, cfg):
     with torch.no_grad(), session.masked(mask):
         masked = session.model(**sample["net_input"])[0].float()
         difference = (pruned(**sample["net_input"])[0].float() - masked).abs().max().item()
-    torch.save(pruned.state_dict(), out / "pruned_state.pt")
+    torch.save(pruned.state_dict(), out / cfg.get("state_dict_file", "pruned_state.pt"))
     return {"state_dict_max_abs_diff": difference, "state_dict_params": sum(p.numel() for p in pruned.parameters())}
 '''
 
+# the same format with a setting of its own: its option of the export group, which `format=state_dict` selects
+FORMAT_YAML = """# @package _global_
+format: state_dict
+format_module: {module}
+state_dict_file: weights.pt
+"""
+
 
 def test_an_export_format_from_its_own_module(trained_run, evaluated_run, tmp_path):
-    (tmp_path / "state_dict_format.py").write_text(FORMAT)
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "state_dict_format.py").write_text(FORMAT)
     mask = {kind: [[1, 1, 1, 1] for _ in range(3)] for kind in ("enc-self", "dec-self", "dec-enc")}
     mask["enc-self"][0] = [1, 0, 0, 1]
     mask["dec-enc"][2] = [0, 1, 1, 1]
     (tmp_path / "head_mask.json").write_text(json.dumps(mask))
     out = tmp_path / "export"
     hprune("export", f"ckpt={trained_run}", f"mask={tmp_path / 'head_mask.json'}", "format=state_dict",
-           f"format_module={tmp_path / 'state_dict_format.py'}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu")
+           f"format_module={plugin / 'state_dict_format.py'}", f"hydra.run.dir={out}", *SMALL_DATA, "device=cpu")
+    assert files_of(plugin) == EXTENSIONS["an export format"][0]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["format"] == "state_dict" and metrics["state_dict_max_abs_diff"] < 1e-4
     assert metrics["state_dict_params"] < evaluated_run[1]["n_params"] == metrics["n_params"]
@@ -138,6 +195,18 @@ def test_an_export_format_from_its_own_module(trained_run, evaluated_run, tmp_pa
     head_dim = state["encoder.layers.1.self_attn.q_proj.weight"].shape[0] // 4
     assert state["encoder.layers.0.self_attn.q_proj.weight"].shape[0] == 2 * head_dim
     assert state["decoder.layers.2.encoder_attn.q_proj.weight"].shape[0] == 3 * head_dim
+
+    # with a yaml holding its settings (and its module), found through hydra.searchpath as a method's is
+    (plugin / "export").mkdir()
+    (plugin / "export" / "state_dict.yaml").write_text(FORMAT_YAML.format(module=plugin / "state_dict_format.py"))
+    configured = tmp_path / "configured"
+    hprune("export", f"ckpt={trained_run}", f"mask={tmp_path / 'head_mask.json'}", "format=state_dict",
+           f"hydra.searchpath=[file://{plugin}]", f"hydra.run.dir={configured}", *SMALL_DATA, "device=cpu")
+    assert files_of(plugin) == EXTENSIONS["an export format"][1]
+    assert json.loads((configured / "metrics.json").read_text())["format"] == "state_dict"
+    assert torch.load(configured / "weights.pt", weights_only=True).keys() == state.keys()
+    composed = (configured / ".hydra" / "config.yaml").read_text()
+    assert "state_dict_file: weights.pt" in composed and "quantization" not in composed  # its settings alone
 
     proc = hprune("export", f"ckpt={trained_run}", "format=onnx", f"hydra.run.dir={tmp_path / 'bad'}", *SMALL_DATA,
                   "device=cpu", check=False)

@@ -335,7 +335,7 @@ def test_a_timing_lasts_at_least_min_seconds(monkeypatch):
             calls.append(self.path)
             time.sleep(0.02)
 
-    monkeypatch.setattr(writer, "_ctranslate2", lambda *_: SimpleNamespace(Translator=Translator))
+    monkeypatch.setattr(writer, "import_ctranslate2", lambda *_: SimpleNamespace(Translator=Translator))
     sources = [["a", "b"]] * 10
     speed = writer.sentences_per_s({"m": "m"}, sources, beam=1, rounds=1, lengths=(5,), min_seconds=0.1)[5]["m"]
     assert 5 <= len(calls) - 1 <= 6 and speed == pytest.approx(10 / 0.02, rel=0.25)

@@ -73,6 +73,7 @@ def test_a_multilingual_model_encodes_scores_and_translates_as_transformers(mult
     transformers' model with the same heads' projections zeroed. Greedy: every translation equal to
     generate(num_beams=1) with the target language forced first."""
     from hprune import backend
+    from hprune.checkpoint_ref import resolve
     hf, out = multilingual, tmp_path / "eval"
     models = f"paths.models_root={tmp_path / 'models'}"
     hprune("eval", f"ckpt={hf['dir']}", models, *pair(hf), f"data.test_sets=[{own_text(hf)}]",
@@ -82,7 +83,7 @@ def test_a_multilingual_model_encodes_scores_and_translates_as_transformers(mult
     tok, theirs = hf["tokenizer"], hf["model"]
     test = {lang: (hf["root"] / f"test.{lang}").read_text().splitlines() for lang in ("en", "fr")}
     encoded = tok(test["en"], text_target=test["fr"])
-    checkpoint = backend.resolve_checkpoint(str(hf["dir"]), tmp_path / "models")
+    checkpoint = resolve(str(hf["dir"]), tmp_path / "models").checkpoint
     loaded = backend.load_model(checkpoint, Path(metrics["data_bin"]), languages=tuple(hf["languages"]))
     dictionary = loaded.task.source_dictionary
     pairs = backend.split_symbols(loaded, "test")
@@ -308,6 +309,7 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
     prints the export's translations."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     from hprune import backend
+    from hprune.checkpoint_ref import resolve
     from test_export import readme_translations
     hf = built(family)
     tok, theirs = hf["tokenizer"], hf["model"]
@@ -325,7 +327,7 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
     ours = (out / "hypotheses" / "hprune.txt").read_text().splitlines()
     exported = (out / "hypotheses" / "ctranslate2.txt").read_text().splitlines()
     translator = ctranslate2.Translator(str(out / "ctranslate2"), device="cpu")
-    loaded = backend.load_model(backend.resolve_checkpoint(str(hf["dir"]), tmp_path / "models"),
+    loaded = backend.load_model(resolve(str(hf["dir"]), tmp_path / "models").checkpoint,
                                 Path(parity["data_bin"]), languages=tuple(hf["languages"]))
     sources = [source for source, _ in backend.split_symbols(loaded, "test")]  # the language token, the pieces
     inputs = tok(text["en"], return_tensors="pt", padding=True)
@@ -355,7 +357,8 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
                       for row in generated]
         results = translator.translate_batch(sources, beam_size=beam, length_penalty=1.0,
                                              max_decoding_length=AGREEMENT_LIMIT, target_prefix=[[target]] * len(sources))
-        by_ct2 = [tok.convert_tokens_to_string(r.hypotheses[0][1:]).strip() for r in results]
+        # (the language token said again mid-sentence, as a weak model may, is no word: skip_special_tokens above)
+        by_ct2 = [tok.convert_tokens_to_string([t for t in r.hypotheses[0][1:] if t != target]).strip() for r in results]
         # the runtimes differ by design at the length limit (docs/deploy.md): compared where translations end
         # well before it
         ended = [len(r.hypotheses[0]) < AGREEMENT_LIMIT - 2 for r in results]
@@ -375,9 +378,10 @@ def test_hprune_transformers_and_ctranslate2_translate_alike(family, built, eval
             assert same + tied == of >= AGREEMENT_SENTENCES / 2, (beam, pair_, count)
     explained = parity["parity_ended_differ_min_len"] + parity["parity_ended_differ_tie"]
     assert parity["parity_ended_differ"] == explained  # (else the export had stopped)
-    # the README's program gives every sentence one limit (256, or the positions: 127), the export 60 (ended: at
-    # beam 5)
-    by_readme = readme_translations(out / "ctranslate2", text["en"])
+    # the README's program gives every sentence one limit (256, or the positions: 127), the export 60: a longer
+    # limit can let beam search finish a longer, better-scored hypothesis (seen on NLLB trained on 2 threads), so
+    # the program runs here with the export's
+    by_readme = readme_translations(out / "ctranslate2", text["en"], max_length=AGREEMENT_LIMIT)
     assert [t for t, e in zip(by_readme, ended) if e] == [t for t, e in zip(exported, ended) if e]
 
 

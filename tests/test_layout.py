@@ -1,5 +1,6 @@
 """The structure the docs promise (docs/development.md), checked on the source: no verb imports another verb,
-and the backend is the only hprune package that imports fairseq (the plugin aside)."""
+the backend is the only hprune package that imports fairseq (the plugin aside), no module takes another's
+private name, and only the backend and the session read into an opened checkpoint (a backend.Loaded)."""
 from __future__ import annotations
 
 import ast
@@ -39,13 +40,15 @@ def test_only_the_backend_imports_fairseq():
 # members do not import each other), so the import graph has no circle and nothing imports back up
 LAYERS = [
     {"errors"},
-    {"attention_types", "files", "launch", "plugins"},
+    {"attention_types", "bleu", "files", "launch", "registry"},
     {"model_folder", "rundir", "console", "pruning", "flops"},
     {"hub", "deploy"},
     {"analysis", "reporting", "backend"},
     {"data"},
-    {"session", "evaluation"},
+    {"checkpoint_ref"},
+    {"session", "evaluation", "head_analysis"},
     {"methods"},
+    {"api"},
     {"runner", "worker"},
 ]
 
@@ -135,14 +138,99 @@ def _code_words(path: Path) -> set[str]:
     return words
 
 
+HF_FAMILY_HOMES = ["backend/hf.py", "model_folder.py"]  # the hprune modules a Hugging Face family is
+
+
 def test_a_hugging_face_family_lives_in_two_modules():
-    """A family is its entry in model_folder.HF_FAMILIES (model class, tokenizer files) and its importer in
-    backend/hf.py; nothing else in hprune names it (docs/development.md, 'Extensions')."""
-    from hprune.backend.hf import IMPORTERS
+    """A family is its entry in model_folder.HF_FAMILIES (model class, tokenizer files) and its importer, which
+    backend/hf.py attaches to that entry; nothing else in hprune names it (docs/development.md, 'Extensions')."""
+    import hprune.backend.hf  # noqa: F401  (attaches the importers)
     from hprune.model_folder import HF_FAMILIES
-    assert set(IMPORTERS) == set(HF_FAMILIES)
+    assert [name for name, family in HF_FAMILIES.items() if family.importer is None] == []
     for family in HF_FAMILIES:
         homes = sorted(str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
                        if any(family in re.split(r"[^a-z0-9]+", word) or ("_" in family and family in word)
                               for word in _code_words(path)))
-        assert homes == ["backend/hf.py", "model_folder.py"], (family, homes)
+        assert homes == HF_FAMILY_HOMES, (family, homes)
+
+
+# hprune's own packages, by the names they are imported under (the CLI, cli/, is installed as hprune_cli)
+OWN_PACKAGES = {"hprune": SRC, "hprune_fairseq": SRC.parent / "hprune_fairseq", "hprune_cli": SRC.parents[1] / "cli"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _root_name(node: ast.expr) -> str | None:
+    """The name an attribute chain starts from (`writer` of `writer.spec._x`); None where it starts from a call or
+    a subscript."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _private_names_taken(path: Path) -> list[str]:
+    """The private names (one leading underscore) a file takes from another of hprune's modules: imported by name
+    (`from .ctranslate2 import _ctranslate2`) or by path (`import hprune.x._y`), or read off a name it imported
+    from hprune (`writer._ctranslate2`, `Evaluator._unit_costs`)."""
+    tree = ast.parse(path.read_text())
+    taken, imported = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in OWN_PACKAGES):
+            source = "." * node.level + (node.module or "")
+            taken += [f"{source}:{alias.name}" for alias in node.names if _private(alias.name)]
+            imported |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            ours = [alias for alias in node.names if alias.name.split(".")[0] in OWN_PACKAGES]
+            taken += [alias.name for alias in ours if any(map(_private, alias.name.split(".")))]
+            imported |= {alias.asname or alias.name.split(".")[0] for alias in ours}
+    taken += [ast.unparse(node) for node in ast.walk(tree)
+              if isinstance(node, ast.Attribute) and _private(node.attr) and _root_name(node.value) in imported]
+    return taken
+
+
+def test_no_module_takes_another_modules_private_name():
+    """A name with one leading underscore is its module's own: no module of hprune, its fairseq plugin or its CLI
+    imports one from another of them, nor reads one off a module or class it imported from them. What two modules
+    share is public in the module that owns it. (The tests may reach in: they are not checked.)"""
+    found = {str(path.relative_to(SRC.parents[1])): names for root in OWN_PACKAGES.values()
+             for path in sorted(root.rglob("*.py")) if (names := _private_names_taken(path))}
+    assert not found, f"private names taken from another module: {found}"
+
+
+def _reads_into_loaded(path: Path) -> list[str]:
+    """Each attribute read off a Loaded, as attribute chains show it: `<x>.loaded.<name>` or `loaded.<name>`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Attribute) and owner.attr == "loaded") or \
+                    (isinstance(owner, ast.Name) and owner.id == "loaded"):
+                found.append(f"line {node.lineno}: .loaded.{node.attr}")
+    return found
+
+
+def test_only_the_backend_and_the_session_read_into_a_loaded_model():
+    """A backend.Loaded (an opened checkpoint: fairseq's model, task and config, the target language token) is read
+    into only by backend/, which defines it, and session.py, which wraps it. Anywhere else in hprune no attribute
+    of `<x>.loaded` or of a variable `loaded` is read (`evaluator.session.loaded.cfg.model`,
+    `session.loaded.target_prefix`): what a layer needs of an opened model is a public member of the session or a
+    public function of the module that owns it. A Loaded handed on unread to a backend function
+    (`backend.translate(session.loaded, ...)`) is how evaluation.py measures a session, and allowed; deploy/, below
+    the backend in the layers, names no `.loaded` at all. Checked on attribute chains (ast): a Loaded put in a
+    variable of another name first escapes the check."""
+    readers, deploy_handles = {}, {}
+    for path in SRC.rglob("*.py"):
+        relative = path.relative_to(SRC)
+        if relative.parts[0] == "backend" or relative == Path("session.py"):
+            continue
+        if reads := _reads_into_loaded(path):
+            readers[str(relative)] = reads
+        if relative.parts[0] == "deploy":
+            named = [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Attribute) and node.attr == "loaded"]
+            if named:
+                deploy_handles[str(relative)] = named
+    assert not readers, f"modules reading into a backend Loaded: {readers}"
+    assert not deploy_handles, f"deploy/ modules naming .loaded (lines): {deploy_handles}"

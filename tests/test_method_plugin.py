@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import SMALL_DATA, hprune
+from test_extension_points import EXTENSIONS, files_of
 
 pytest.importorskip("fairseq")
 
@@ -36,6 +37,7 @@ def test_a_method_from_its_own_module_and_yaml_through_prune_and_report(trained_
     hprune("prune", "--method", "largest_first", f"ckpt={trained_run}", f"hydra.searchpath=[file://{plugin}]",
            "prune.step_pct=50", "prune.target_pct=50", "prune.baselines=[magnitude]", f"hydra.run.dir={runs}/prune",
            *SMALL_DATA, "device=cpu")
+    assert [files_of(plugin)] == EXTENSIONS["an order"]
     # the half of the heads pruned is the half with the largest magnitude
     magnitude = pd.read_csv(runs / "prune" / "head_importance.csv")
     assert (magnitude["importance"] <= 0).all()
@@ -178,6 +180,7 @@ def test_a_trained_method_with_a_mechanism_of_its_own_through_prune_export_and_r
     for penalty in (0, 0.05):  # the control (no penalty), and the method
         hprune("prune", "--method", "head_scales", *common, f"prune.scale_penalty={penalty}",
                f"hydra.run.dir={runs}/scales_{penalty:g}")
+    assert [files_of(plugin)] == EXTENSIONS["a trained method"]
     run = runs / "scales_0.05"
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["method"] == "head_scales" and metrics["heads_pool"] == 24

@@ -18,10 +18,10 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from . import backend
+from .bleu import DEFAULT_TOKENIZE, tokenize_of
 from .errors import UserError
 from .flops import Lengths, macs_per_token, mask_macs, unit_costs
 from .pruning.heads import Mask
-from .reporting.significance import DEFAULT_TOKENIZE, tokenize_of
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class Evaluator:
         costs = {"n_params": session.n_params(), **macs_per_token(session.model, self.lengths(split))}
         load = expert_load(session.model, session.batches(split, max_tokens))
         if not load.empty:
-            model_cfg = session.loaded.cfg.model  # the MoA settings as the checkpoint records them
+            model_cfg = self.session.model_config  # the MoA settings as the checkpoint records them
             costs.update({key: getattr(model_cfg, key) for key in ("moa_experts", "moa_top_k", "moa_head_dim", "moa_types")},
                          **load_summary(load))
         return costs, load

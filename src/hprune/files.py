@@ -144,12 +144,6 @@ def build_once(final: Path, done: str, build: Callable[[Path], Any]) -> Path:
         return final
 
 
-def run_dir() -> Path:
-    from hydra.core.hydra_config import HydraConfig
-
-    return Path(HydraConfig.get().runtime.output_dir)
-
-
 def git_sha() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,

@@ -36,6 +36,16 @@ def record_path(repo: str, models_root: Path) -> Path:
     return Path(models_root).expanduser().absolute() / "hub" / f"{repo.replace('/', '--')}.json"
 
 
+def snapshot_repo(folder: Path) -> Optional[str]:
+    """The repository (ORG/NAME) whose snapshot `folder` is, where it lies in a Hugging Face cache
+    (<cache>/models--ORG--NAME/snapshots/<commit>); None for any other folder."""
+    folder = Path(folder)
+    cached = folder.parent.parent.name
+    if folder.parent.name != "snapshots" or not cached.startswith("models--"):
+        return None
+    return cached.removeprefix("models--").replace("--", "/", 1)
+
+
 def fetch_hub(repo: str, models_root: Path, mirror: Optional[str] = None, revision: str = "main",
               retries: int = 4, backoff_s: float = 2.0) -> Path:
     """The model folder (a snapshot in the Hugging Face cache) of Hub repository `repo`, e.g.
@@ -128,9 +138,3 @@ def _wanted(repo: str, family: str, present: set) -> list[str]:
     if missing:
         raise UserError(f"{repo} lacks the {spec.model_class} tokenizer file(s) {', '.join(missing)}")
     return [HF_CONFIG, weights, *spec.files, *(name for name in spec.optional + spec.one_of if name in present)]
-
-
-def resolve(ckpt: str, models_root: Path) -> Path:
-    """`ckpt=ORG/NAME`: the model folder of that Hub repository, from the cache when it is there (as
-    from_pretrained resolves a name)."""
-    return fetch_hub(ckpt, models_root)

@@ -3,8 +3,8 @@ and backend/; light: no torch, no fairseq).
 
 - `hprune.yaml`: the model's data settings (test, valid and train sets, tokenizer, bpe) and where it came from
   (`source`). `hprune data fetch published=NAME` and the Hugging Face import write it; data=pretrained reads it.
-  A folder with it says what it is: verbs given such a checkpoint need no `data=` (hprune_cli adds
-  data=pretrained).
+  A folder with it says what it is: verbs given such a checkpoint need no `data=` (checkpoint_ref.py tells,
+  hprune_cli adds data=pretrained). A checkpoint's model folder is the one it lies in (folder_of).
 - A Hugging Face folder (what save_pretrained writes, or a Hub snapshot): config.json, the weights, and each
   family's tokenizer files.
 """
@@ -14,9 +14,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from .errors import UserError
+from .registry import Registry
 
 SETTINGS_FILE = "hprune.yaml"
 # what hprune.yaml may hold, and `source`; a prefix where a model of one language pair starts its sentences with a
@@ -25,7 +26,7 @@ SETTINGS = ("test_sets", "valid_sets", "train_sets", "tokenizer", "bpe", "source
 LANGUAGES = "languages"  # and, for a multilingual model, its language codes: {code: the token that marks it}
 HF_CONFIG = "config.json"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # a Hugging Face Hub repository, ORG/NAME
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class HfFamily:
     files: tuple[str, ...]              # the tokenizer's files, all needed
     optional: tuple[str, ...] = ()      # read where present
     one_of: tuple[str, ...] = ()        # at least one needed (all read where present)
+    # (folder, config, staging) -> hprune.yaml settings: attached by backend/hf.py, beside torch
+    importer: Optional[Callable[[Path, dict, Path], dict]] = None
 
     def missing(self, present: set) -> list[str]:
         """What a folder or repository holding `present` (file names) lacks, as names to say."""
@@ -43,7 +46,9 @@ class HfFamily:
         return missing
 
 
-HF_FAMILIES = {
+# the families hprune imports, by config.json's model_type, each described by its model class
+HF_FAMILIES: Registry[HfFamily] = Registry("Hugging Face family")
+for _model_type, _family in {
     "fsmt": HfFamily("FSMTForConditionalGeneration", ("vocab-src.json", "vocab-tgt.json", "merges.txt"),
                      ("tokenizer_config.json", "generation_config.json")),
     "marian": HfFamily("MarianMTModel", ("source.spm", "target.spm", "vocab.json"),
@@ -57,7 +62,8 @@ HF_FAMILIES = {
     "mbart": HfFamily("MBartForConditionalGeneration", (),
                       ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json"),
                       ("sentencepiece.bpe.model", "tokenizer.json")),
-}
+}.items():
+    HF_FAMILIES.add(_model_type, _family, _family.model_class)
 
 
 def read_settings(folder: Path) -> dict:
@@ -100,18 +106,7 @@ def hf_family(config: dict, where) -> str:
     return family
 
 
-def is_hub_id(ckpt: str) -> bool:
-    """`ORG/NAME` that is not a path here: a Hugging Face Hub repository (resolved as from_pretrained does)."""
-    return bool(HUB_ID.fullmatch(str(ckpt))) and not Path(str(ckpt)).expanduser().exists()
-
-
-def says_what_it_is(ckpt: Optional[str]) -> bool:
-    """A checkpoint whose data settings come from its own folder: a Hub id, a Hugging Face folder, or a model
-    file or folder with hprune.yaml beside it."""
-    if not ckpt:
-        return False
-    if is_hub_id(ckpt):
-        return True
-    path = Path(str(ckpt)).expanduser()
-    folder = path if path.is_dir() else path.parent
-    return is_hf_dir(folder) or (folder / SETTINGS_FILE).is_file()
+def folder_of(checkpoint: Path) -> Path:
+    """The model folder a checkpoint file belongs to: the one it lies in, where a published model's model.pt, an
+    import's and a pruned copy of either find their dictionaries, codes and hprune.yaml."""
+    return Path(checkpoint).parent

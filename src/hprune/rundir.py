@@ -14,18 +14,61 @@
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 import yaml
 
-from .files import write_atomic
+from .files import git_sha, write_atomic, write_json
 
 CONFIG, OVERRIDES, METRICS = ".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.json"
 CHECKPOINTS, HEAD_MASK, HYPOTHESES, REFERENCES = "checkpoints", "head_mask.json", "hypotheses", "references.txt"
 BEST, LAST, PRUNED, AVERAGED = "checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_pruned.pt", "checkpoint_averaged.pt"
+_WRITING_TO: contextvars.ContextVar[Optional[Path]] = contextvars.ContextVar("run_dir", default=None)
+
+
+def run_dir() -> Path:
+    """The folder the running verb writes into: Hydra's run dir, or the one the library named (writing_to)."""
+    named = _WRITING_TO.get()
+    if named is not None:
+        return named
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+@contextlib.contextmanager
+def writing_to(folder: Path) -> Iterator[Path]:
+    """A verb's work called from Python (hprune.open's model) writes into `folder` (created) meanwhile."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    token = _WRITING_TO.set(folder)
+    try:
+        yield folder
+    finally:
+        _WRITING_TO.reset(token)
+
+
+def provenance(cfg) -> dict:
+    """The metrics.json keys every measuring verb shares (a session adds the model's: checkpoint, data_bin, ...)."""
+    keys = {"verb": cfg.verb, "git_sha": git_sha()}
+    for key in ("seed", "precision"):
+        if key in cfg:
+            keys[key] = cfg[key]
+    if cfg.get("data") is not None:
+        keys["data"] = cfg.data.name
+    return keys
+
+
+def model_provenance(session) -> dict:
+    """The keys of metrics.json that say which model, data and device a verb measured (an opened model:
+    hprune.session.Session)."""
+    return {"checkpoint": str(session.checkpoint.absolute()), "data_bin": str(session.data_bin),
+            "device": session.device, "n_params": session.n_params(), "imported_from": session.imported_from}
 
 
 @dataclass(frozen=True)
@@ -89,6 +132,17 @@ class RunDir:
         run resumes from its checkpoint_last.pt."""
         verb = (self.config() or {}).get("verb", "train")
         return " ".join(["hprune", verb, *map(shlex.quote, self.overrides()), shlex.quote(f"hydra.run.dir={self.path}")])
+
+    def record(self, cfg, overrides: List[str], result: dict) -> dict:
+        """What a run from Python leaves as Hydra and the CLI's wrapper leave it (the composed config, the
+        overrides, metrics.json last), so that `hprune report` reads it as any run; the metrics written."""
+        from omegaconf import OmegaConf
+
+        write_atomic(self.path / CONFIG, OmegaConf.to_yaml(cfg))
+        write_atomic(self.path / OVERRIDES, yaml.safe_dump(list(overrides)))
+        metrics = {**provenance(cfg), **result}
+        write_json(self.metrics_file, metrics)
+        return metrics
 
     # ------------------------------------------------------------------------------------------- translations
     def save_hypotheses(self, name: str, hypotheses: Iterable[str], references: Iterable[str]) -> None:

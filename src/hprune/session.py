@@ -19,9 +19,9 @@ import torch
 from omegaconf import DictConfig
 
 from . import backend
+from .checkpoint_ref import CheckpointRef, resolve
 from .data.kinds import DataKind, get_kind
 from .data.prepare import model_languages, prefixes, prepare, test_set_of
-from .deploy.latency import LatencySettings, LatencyTable, latency_table, measured
 from .pruning.heads import Mask, ffn_layout, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,15 @@ class Session:
         self._mask: Optional[Mask] = None
 
     @classmethod
-    def open(cls, cfg: DictConfig, ckpt: str | Path | None = None) -> "Session":
+    def open(cls, cfg: DictConfig, ckpt: str | Path | CheckpointRef | None = None) -> "Session":
         """cfg: a verb's config (ckpt, data, paths, device, precision; generation, where it translates, is checked
-        here, before any work rather than at the first translation)."""
+        here, before any work rather than at the first translation). ckpt: another reference than cfg.ckpt, or
+        one resolved already (checkpoint_ref.resolve)."""
         if cfg.get("generation") is not None:
             backend.check_generation(cfg.generation)
-        path = backend.resolve_checkpoint(cfg.ckpt if ckpt is None else ckpt, cfg.paths.models_root)
-        checkpoint = backend.read_checkpoint(path)
+        ref = ckpt if isinstance(ckpt, CheckpointRef) else resolve(
+            cfg.ckpt if ckpt is None else ckpt, cfg.paths.models_root, cfg.paths.data_root)
+        checkpoint = backend.read_checkpoint(ref.checkpoint)
         kind = get_kind(cfg.data)
         if not all(checkpoint.languages):
             checkpoint.set_languages(*model_languages(cfg.data, checkpoint, kind))
@@ -110,6 +112,20 @@ class Session:
         return self.model.max_decoder_positions()
 
     @property
+    def model_config(self) -> DictConfig:
+        """The model's settings as its checkpoint records them (architecture, sizes, an MoA model's experts)."""
+        return backend.model_config(self.loaded)
+
+    @property
+    def imported_from(self) -> Optional[str]:
+        """The architecture a stock or imported checkpoint was converted from (None: an hprune model)."""
+        return self.loaded.imported_from
+
+    def text_step(self) -> Optional[str]:
+        """What the data kind does to a line of text before its subwords (data/processing.py's step), or None."""
+        return self.kind.text_step(self.data) if self.kind.text_step else None
+
+    @property
     def criterion(self):
         """The training criterion recorded in the checkpoint (built at first use)."""
         if self._criterion is None:
@@ -132,6 +148,11 @@ class Session:
 
     def unpruned_mask(self) -> Mask:
         return mask_without(self.model, ())
+
+    @property
+    def mask(self) -> Optional[Mask]:
+        """The mask the model runs under (None: every head present)."""
+        return self._mask
 
     def set_mask(self, mask: Optional[Mask]) -> None:
         """The head mask the model runs under from now on (None: every head present)."""
@@ -191,27 +212,13 @@ class Session:
         return [] if self.kind.subwords is None else self.kind.subwords(self.data, self.data_bin.parent)
 
     # ---------------------------------------------------------------------------------------- changing
-    def finetune(self, mask: Optional[Mask], updates: int, lr: float, max_tokens: int, seed: int) -> None:
-        """Adam updates on the train split with `mask` held fixed (masked heads get no gradient); the model
-        stays under that mask."""
-        self.set_mask(mask)
-        backend.finetune(self.loaded, self.criterion, updates, lr, max_tokens, seed)
-
     def pruned_copy(self, mask: Mask) -> torch.nn.Module:
         """An fp32 CPU copy of the model with the heads `mask` drops physically removed."""
-        return backend.pruned_model(self.loaded, kept_ids(mask))
+        return self.pruned_copy_keeping(kept_ids(mask))
 
-    def latency(self, mask: Mask, settings: LatencySettings) -> dict[str, float]:
-        """Seconds per sentence in CTranslate2 of the model under `mask` ("pruned") and of the unpruned model,
-        timed side by side (deploy/latency.measured)."""
-        return measured({"pruned": lambda: self.pruned_copy(mask),
-                         "unpruned": lambda: self.pruned_copy(self.unpruned_mask())},
-                        self.loaded.cfg.model, self.dictionaries, self.source_tokens(settings.split), settings)
-
-    def latency_table(self, settings: LatencySettings, cache: Path) -> LatencyTable:
-        """The model's CTranslate2 latency table (deploy/latency.py): measured once, then read from `cache`."""
-        return latency_table(self.model, lambda ids: backend.pruned_model(self.loaded, ids), self.loaded.cfg.model,
-                             self.dictionaries, self.source_tokens(settings.split), settings, cache)
+    def pruned_copy_keeping(self, ids: dict) -> torch.nn.Module:
+        """An fp32 CPU copy of the model with only the heads and neurons `ids` names ({type: [[ids] per layer]})."""
+        return backend.pruned_model(self.loaded, ids)
 
     def write_pruned(self, mask: Mask, dest: Path, config_from: Optional[Path] = None) -> "Session":
         """The checkpoint of the model with the heads `mask` drops physically removed, written to `dest` and
@@ -221,19 +228,3 @@ class Session:
             self.kind.beside_checkpoint(self.data, Path(dest).parent)
         backend.export_pruned(self.loaded, kept_ids(mask), dest, config_from)
         return self.reopen(dest)
-
-    def continue_training_argv(self, save_dir: Path, seed: int, criterion: str, options: list) -> list:
-        """fairseq-train flags that continue training this checkpoint (its architecture and label smoothing as
-        recorded) with `criterion` and the caller's options."""
-        cfg = self.loaded.cfg
-        smoothing = cfg.criterion.get("label_smoothing", 0.0) if cfg.criterion is not None else 0.0
-        return backend.continue_training_argv(
-            self.checkpoint, cfg.model, cfg.task, self.data_bin, save_dir, self.device, self.precision, seed,
-            ["--criterion", criterion, "--label-smoothing", str(smoothing), *options,
-             *backend.tensorboard_flags({"tensorboard": self.tensorboard}, save_dir)])
-
-    # ---------------------------------------------------------------------------------------- provenance
-    def provenance(self) -> dict:
-        """The keys of metrics.json that say which model, data and device a verb measured."""
-        return {"checkpoint": str(self.checkpoint.absolute()), "data_bin": str(self.data_bin), "device": self.device,
-                "n_params": self.n_params(), "imported_from": self.loaded.imported_from}

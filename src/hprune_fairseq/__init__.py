@@ -11,7 +11,7 @@ The package is shaped like fairseq's transformer package: config.py (the model f
 and attention), mechanisms/ (what a pruning procedure trains inside the model), moa.py, marian.py, criterion.py,
 safe_load.py.
 """
-import os
+from hprune.registry import import_shared_plugins
 
 from .safe_load import allow_fairseq_checkpoint_globals
 
@@ -19,5 +19,4 @@ allow_fairseq_checkpoint_globals()
 
 from . import criterion, mechanisms, model  # noqa: E402,F401  (registers the models, criterion and mechanisms)
 
-for _module in filter(None, os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep)):
-    model.import_plugin(_module)
+import_shared_plugins()

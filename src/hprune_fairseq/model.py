@@ -18,11 +18,7 @@ of `--moa-types`; its experts take the place of heads in masks, gates and physic
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -37,6 +33,7 @@ from fairseq.models.transformer import (
 from torch import Tensor
 
 from hprune.attention_types import ATTENTION_TYPES, FFN_TYPES, check_attention_types
+from hprune.registry import import_plugin
 
 from . import mechanisms
 from .config import HpruneConfig, MoAConfig
@@ -45,19 +42,6 @@ from .heads import HeadAttention
 from .layers import HeadDecoder, HeadEncoder, MoADecoder, MoAEncoder, Sublayer, capture_residuals, sublayers
 from .marian import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
 from .moa import MoAAttention
-
-
-def import_plugin(module: str) -> None:
-    """A module registering mechanisms (or anything else) kept outside hprune: a module name, or a .py path."""
-    path = Path(module).expanduser()
-    if path.suffix == ".py":
-        name = f"hprune_plugin_{path.stem}"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            sys.modules[name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(sys.modules[name])
-    else:
-        importlib.import_module(module)
 
 
 @register_model("hprune_transformer")
@@ -72,7 +56,7 @@ class HpruneTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         for module in filter(None, (getattr(args, "plugin_modules", None) or "").split(",")):
-            import_plugin(module)
+            import_plugin(module, "--plugin-modules")
         model = super().build_model(args, task)
         if getattr(args, "kept_heads", None):
             model.keep_heads(json.loads(args.kept_heads))

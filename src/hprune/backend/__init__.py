@@ -26,6 +26,7 @@ from .commands import (  # noqa: E402
     check_model,
     check_schedule,
     continue_training_argv,
+    criterion_flags,
     flags,
     generation_argv,
     head_layout,
@@ -56,9 +57,9 @@ from .loading import (  # noqa: E402
     count_parameters,
     export_pruned,
     load_model,
+    model_config,
     pruned_model,
     read_checkpoint,
-    resolve_checkpoint,
 )
 from .training import (  # noqa: E402
     AVERAGED,
@@ -72,9 +73,10 @@ from .training import (  # noqa: E402
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "BeamSearchResult",
            "average_checkpoints", "batches", "binarize", "build_criterion", "check_generation", "check_model",
            "check_positions",
-           "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "export_pruned",
-           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model",
-           "pruned_model", "read_checkpoint", "repair_resume_point", "resolve_checkpoint",
+           "check_schedule", "checkpoint_summary", "continue_training_argv", "count_parameters", "criterion_flags",
+           "export_pruned",
+           "finetune", "flags", "generation_argv", "head_layout", "import_hf", "load_model", "model_config",
+           "pruned_model", "read_checkpoint", "repair_resume_point",
            "resolve_device", "sampled_batches", "split_lengths", "split_loss",
            "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "token_log_probs", "train", "train_argv",
            "translate", "translate_each"]

@@ -66,12 +66,14 @@ def train_argv(cfg: DictConfig, data_dir: Path, save_dir: Path) -> List[str]:
                               cfg.seed, cfg.device, cfg.precision, checkpoints)
 
 
-def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save_dir: Path, device: str,
-                           precision: str, seed: int, options: List[str]) -> List[str]:
-    """fairseq-train flags that continue training the model of `ckpt` (its architecture flags as recorded in
-    the checkpoint, then the caller's criterion and optimizer `options`) with a fresh optimizer, schedule and
+def continue_training_argv(loaded, data_dir: Path, save_dir: Path, device: str, precision: str, seed: int,
+                           options: List[str]) -> List[str]:
+    """fairseq-train flags that continue training a loaded model's checkpoint (its architecture flags as recorded
+    in the checkpoint, then the caller's criterion and optimizer `options`) with a fresh optimizer, schedule and
     data order. Once save_dir holds a checkpoint_last.pt, the flags resume from it instead."""
     from fairseq.models import ARCH_MODEL_REGISTRY
+
+    ckpt, model_cfg, task_cfg = loaded.path, loaded.cfg.model, loaded.cfg.task
 
     arch_parser = argparse.ArgumentParser(add_help=False)
     ARCH_MODEL_REGISTRY[model_cfg.arch].add_args(arch_parser)
@@ -87,6 +89,13 @@ def continue_training_argv(ckpt: Path, model_cfg, task_cfg, data_dir: Path, save
                         "--reset-dataloader", "--reset-meters"]
     return fairseq_train_argv(data_dir, task_cfg.source_lang, task_cfg.target_lang, model_cfg.arch,
                               arch_options + options, save_dir, seed, device, precision, checkpoints)
+
+
+def criterion_flags(loaded, criterion: str) -> List[str]:
+    """`criterion` with the label smoothing the loaded model's checkpoint was trained with."""
+    recorded = loaded.cfg.criterion
+    smoothing = recorded.get("label_smoothing", 0.0) if recorded is not None else 0.0
+    return ["--criterion", criterion, "--label-smoothing", str(smoothing)]
 
 
 def check_model(model_cfg: DictConfig, optim_cfg: DictConfig) -> None:

@@ -31,12 +31,13 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from ..errors import UserError
 from ..files import build_once, write_atomic
+from ..hub import snapshot_repo
 from ..model_folder import HF_FAMILIES, HF_WEIGHTS, hf_family, read_hf_config, write_settings
 from .compat import PLUGIN_DIR
 
@@ -538,8 +539,11 @@ def _import_mbart(folder: Path, config: dict, staging: Path) -> dict:
     return _import_multilingual(folder, config, staging, learned_positions=True)
 
 
-IMPORTERS: dict[str, Callable[[Path, dict, Path], dict]] = {  # (folder, config, staging) -> hprune.yaml settings
-    "fsmt": _import_fsmt, "marian": _import_marian, "m2m_100": _import_m2m_100, "mbart": _import_mbart}
+# each family's importer, (folder, config, staging) -> hprune.yaml settings, attached to its entry in
+# model_folder.HF_FAMILIES (which lies below torch)
+for _model_type, _importer in {"fsmt": _import_fsmt, "marian": _import_marian, "m2m_100": _import_m2m_100,
+                               "mbart": _import_mbart}.items():
+    HF_FAMILIES.attach(_model_type, importer=_importer)
 
 
 def import_hf(folder: Path, models_root: Path) -> Path:
@@ -550,13 +554,13 @@ def import_hf(folder: Path, models_root: Path) -> Path:
     folder = Path(folder).expanduser()
     config = read_hf_config(folder)
     family = hf_family(config, folder)
-    # a Hub snapshot (<cache>/models--ORG--NAME/snapshots/<commit>) is named after its repository
-    name = folder.parent.parent.name.removeprefix("models--") if folder.parent.name == "snapshots" else folder.name
+    repo = snapshot_repo(folder)  # a Hub snapshot is named after its repository
+    name = repo.replace("/", "--") if repo else folder.name
     dest = Path(models_root).expanduser().absolute() / "hf" / f"{name}-{_fingerprint(folder)}"
 
     def convert(staging: Path) -> None:
         try:
-            settings = IMPORTERS[family](folder, config, staging)
+            settings = HF_FAMILIES[family].importer(folder, config, staging)
         except WeightsMismatch as err:
             raise UserError(f"{folder}: config.json does not match the weights ({err}); the files are not one "
                             "model's: pass the folder save_pretrained wrote") from None

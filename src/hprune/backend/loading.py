@@ -18,10 +18,7 @@ from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointErr
 
 from ..attention_types import FFN_TYPES
 from ..errors import UserError
-from ..model_folder import is_hf_dir, is_hub_id
-from ..rundir import AVERAGED, BEST, LAST, RunDir
 from .compat import HPRUNE_ARCHS, check_precision, resolve_device, upgrade_checkpoint
-from .hf import import_hf
 from .training import save_checkpoint_atomic
 
 log = logging.getLogger(__name__)
@@ -137,39 +134,6 @@ def _check_vocabulary(checkpoint: Checkpoint, task, data_dir: Path) -> None:
                             "on, or for a published model the dict.*.txt files that came with it (data=pretrained)")
 
 
-def resolve_checkpoint(ckpt: str | Path, models_root: str | Path = "data-bin/models") -> Path:
-    """A .pt file as given. A directory: a train run dir (or its checkpoints/) gives the averaged checkpoint when
-    the run made one (train.average_last), else checkpoint_best.pt; a published model's directory gives its
-    model.pt; an ensemble's (model1.pt, model2.pt, ...) must say which member; a Hugging Face model's (the
-    folder save_pretrained wrote) is imported once as a fairseq model folder under models_root/hf/."""
-    path = Path(ckpt).expanduser()
-    if is_hub_id(str(ckpt)):  # ORG/NAME, as from_pretrained takes it: from the Hugging Face cache, else the Hub
-        from ..hub import fetch_hub
-
-        path = fetch_hub(str(ckpt), Path(models_root))
-    if is_hf_dir(path):
-        return import_hf(path, Path(models_root))
-    run = RunDir.of(path)
-    if not path.is_dir():
-        if run is not None and not run.finished:
-            log.warning("%s belongs to a run that did not finish (%s has no metrics.json): it is used as it is", path,
-                        run.path)
-        return path
-    if run is not None and not run.finished:
-        raise UserError(f"{run.path} is a run that did not finish (no metrics.json: it was stopped, or is still running), "
-                        f"so its checkpoints are not its result; finish it with `{run.resume_command()}`, or pass "
-                        f"ckpt={run.checkpoint(LAST)} to use its last checkpoint as it is")
-    folder = RunDir(path).checkpoints if RunDir(path).checkpoints.is_dir() else path
-    for name in (AVERAGED, BEST, "model.pt"):
-        if (folder / name).exists():
-            return folder / name
-    members = sorted(folder.glob("model[0-9]*.pt"), key=lambda p: int(p.stem[5:]) if p.stem[5:].isdigit() else 0)
-    if members:
-        raise UserError(f"{folder} holds an ensemble of {len(members)} models ({', '.join(p.name for p in members)}); "
-                        f"hprune measures one model at a time: pass one of them, e.g. ckpt={members[0]}")
-    return folder / BEST
-
-
 def load_model(ckpt: Path | Checkpoint, data_dir: Path, device: str = "cpu", precision: str = "fp32",
                languages: tuple[Optional[str], Optional[str]] = (None, None)) -> Loaded:
     """Load a checkpoint (hprune's, or a fairseq Transformer's as an hprune_transformer; a path, or one already
@@ -232,6 +196,11 @@ def build_criterion(loaded: Loaded):
         if recorded is not None and recorded.get(key) is not None:
             settings[key] = recorded[key]
     return loaded.task.build_criterion(OmegaConf.create(settings))
+
+
+def model_config(loaded: Loaded) -> DictConfig:
+    """The model settings the opened checkpoint records (fairseq's model config: architecture, activation, MoA)."""
+    return loaded.cfg.model
 
 
 def pruned_model(loaded: Loaded, kept: dict) -> torch.nn.Module:

@@ -1,7 +1,8 @@
-"""The registry of data kinds: a kind is one module of this package (named as the kind) and one or more
-`configs/data/<name>.yaml` with `kind: <name>`, nothing else.
+"""The registry of data kinds: a kind is one module of this package and one or more `configs/data/<name>.yaml` with
+`kind: <name>`, nothing else.
 
-A kind registers three functions and four optional ones (`register_kind` at the end of its module):
+A kind registers three functions and four optional ones (`register_kind` at the end of its module; its module's
+docstring's first line describes it):
 
     key(data) -> str                       the prepared set's identity (its cache folder is <name>-<key>)
     check(data) -> None                    refuse bad settings before anything is written or downloaded
@@ -17,21 +18,19 @@ A kind registers three functions and four optional ones (`register_kind` at the 
                                            makes its folder the model's, so verbs given it need no data= (optional:
                                            nothing; pretrained's: dictionaries, codes, hprune.yaml)
 
-`from_model`: the settings come from a model's folder (pretrained), so nothing can be bound without one. A kind
-kept outside hprune is imported from its yaml's `module:` (a module name on PYTHONPATH).
+`from_model`: the settings come from a model's folder (pretrained), so nothing can be bound without one. The
+modules of this package are found on their own (KINDS, a registry.Registry, imports each once); a kind kept
+outside hprune is imported from its yaml's `module:` (a module name on PYTHONPATH, or a .py file).
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 from omegaconf import DictConfig
 
-from ..errors import UserError
-from ..plugins import import_plugin
+from ..registry import Registry, module_summary
 
 
 @dataclass(frozen=True)
@@ -51,30 +50,17 @@ class DataKind:
         return data if self.bind is None else self.bind(data, checkpoint, languages)
 
 
-KINDS: Dict[str, DataKind] = {}
+KINDS: Registry[DataKind] = Registry("data kind", package=__package__,
+                                     unknown="unknown data kind '{name}'; choose from {choices} (see configs/data/)")
 
 
 def register_kind(kind: DataKind) -> DataKind:
-    if kind.name in KINDS and KINDS[kind.name] != kind:
-        raise ValueError(f"data kind '{kind.name}' is registered twice")
-    KINDS[kind.name] = kind
-    return kind
+    return KINDS.add(kind.name, kind, module_summary(kind.build))
 
 
 def get_kind(data: DictConfig) -> DataKind:
-    """The kind of a data config (`data.kind`), its module imported on first use."""
+    """The kind of a data config (`data.kind`); a kind of one's own is imported from `data.module`."""
     name = data.get("kind")
     if name not in KINDS and data.get("module"):
-        import_plugin(data.module, "data.module")
-    elif name not in KINDS and isinstance(name, str) and name.isidentifier():
-        module = f"{__package__}.{name}"
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:  # the kind's module is there but needs something missing
-                raise UserError(f"data kind '{name}' ({module}) cannot be imported: {err}") from None
-    if name not in KINDS:
-        for found in pkgutil.iter_modules(importlib.import_module(__package__).__path__):
-            importlib.import_module(f"{__package__}.{found.name}")  # to list every kind there is
-        raise UserError(f"unknown data kind '{name}'; use one of {', '.join(sorted(KINDS))} (see configs/data/)")
-    return KINDS[name]
+        KINDS.load_plugin(data.module, "data.module")
+    return KINDS.lookup(name)

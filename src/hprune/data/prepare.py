@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from ..errors import UserError
 from ..files import build_once, write_atomic
-from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings
+from ..model_folder import LANGUAGES, SETTINGS_FILE, folder_of, read_settings
 from . import databin
 from .kinds import DataKind, get_kind
 
@@ -61,7 +61,7 @@ def model_languages(data: DictConfig, checkpoint, kind: Optional[DataKind] = Non
     trained_on = databin.language_pairs(checkpoint.trained_on) if checkpoint.trained_on is not None else []
     if len(trained_on) == 1:
         return trained_on[0]
-    folder = Path(data.model_dir) if data.get("model_dir") else checkpoint.path.parent
+    folder = Path(data.model_dir) if data.get("model_dir") else folder_of(checkpoint.path)
     tokens = read_settings(folder).get(LANGUAGES)
     if tokens:
         raise UserError(multilingual_needs_languages(folder, tokens))

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..errors import UserError
 from ..files import write_json
-from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings, write_settings
+from ..model_folder import LANGUAGES, SETTINGS_FILE, folder_of, read_settings, write_settings
 from . import testsets
 from .kinds import DataKind, register_kind
 from .prepare import multilingual_needs_languages, prefixes
@@ -104,7 +104,7 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None,
     null or auto, and the tokenizer and BPE removal that go with the model's codes."""
     data = data.copy()
     with open_dict(data):
-        folder = data.model_dir or (Path(checkpoint).parent if checkpoint is not None else None)
+        folder = data.model_dir or (folder_of(checkpoint) if checkpoint is not None else None)
         if folder is None:
             raise UserError("data=pretrained needs the model's folder: data.model_dir=<folder with dict.*.txt and "
                             "its codes>, or a verb with ckpt=<that folder>/model.pt")

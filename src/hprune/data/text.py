@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..files import write_json
-from ..model_folder import LANGUAGES, SETTINGS_FILE, read_settings
+from ..model_folder import LANGUAGES, SETTINGS_FILE, folder_of, read_settings
 from .kinds import DataKind, register_kind
 from .processing import BOM, MAX_WORD_LENGTH
 from .stages import (
@@ -114,7 +114,7 @@ def bind(data: DictConfig, checkpoint: Optional[Path] = None, languages=(None, N
     """data=text is for a model trained on it. A model that came with its own vocabulary and subwords (a folder
     with hprune.yaml: a published or imported model, or a pruned checkpoint of one) reads only text encoded with
     them, which data=pretrained does: refused before anything is read or learnt, naming that form with these files."""
-    folder = Path(checkpoint).parent if checkpoint is not None else None
+    folder = folder_of(checkpoint) if checkpoint is not None else None
     if folder is None or not (folder / SETTINGS_FILE).is_file():
         return data
     sets, tsv = [], []

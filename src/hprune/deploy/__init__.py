@@ -3,18 +3,16 @@ format, each describing itself. An exporter checks the settings it needs before 
 then writes the model with the masked heads physically removed, verifies it against hprune's model under the
 same mask before anything is kept, measures it, and returns its metrics (`export(evaluator, mask, out, cfg)`,
 the evaluator an evaluation.Evaluator of the opened model). `hprune export format=NAME` only orchestrates
-(runner/export.py). Adding a format touches its module, its config keys (configs/export.yaml), a test and the
-docs.
+(runner/export.py). A format is one module here (found on its own: EXPORTERS, a registry.Registry, imports each
+once) and, where it has settings of its own, `configs/export/<format>.yaml` (the config group `format=` selects:
+docs/development.md, "Extensions"); one kept outside hprune is imported from `format_module=`.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
-from ..errors import UserError
-from ..plugins import import_plugin
+from ..registry import Registry, first_line
 
 
 @dataclass(frozen=True)
@@ -25,24 +23,17 @@ class Exporter:
     summary: str = ""
 
 
-EXPORTERS: Dict[str, Exporter] = {}
+EXPORTERS: Registry[Exporter] = Registry("export format", package=__name__,
+                                         unknown="format={name} is not one of {choices}")
 
 
 def register_exporter(name: str, check: Optional[Callable] = None) -> Callable:
-    def decorate(fn: Callable) -> Callable:
-        EXPORTERS[name] = Exporter(name, fn, check, ((fn.__doc__ or "").strip().splitlines() or [""])[0])
-        return fn
-    return decorate
+    return EXPORTERS.register(name, lambda export: Exporter(name, export, check, first_line(export.__doc__)))
 
 
 def get_exporter(name: str, module: Optional[str] = None) -> Exporter:
     """The exporter of format `name`: this package's modules (each registers its format), or `module`'s (a format
     kept outside hprune: `format_module=`)."""
     if module:
-        import_plugin(module, "format_module")
-    for found in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{found.name}")
-    if name not in EXPORTERS:
-        raise UserError(f"format={name} is not one of {', '.join(sorted(EXPORTERS))}"
-                        + ("" if module else " (a format of your own: format_module=<its module or .py file>)"))
-    return EXPORTERS[name]
+        EXPORTERS.load_plugin(module, "format_module")
+    return EXPORTERS.lookup(name, "" if module else " (a format of your own: format_module=<its module or .py file>)")

@@ -49,7 +49,8 @@ QUANTIZATIONS = ("none", "float32", "int8", "int8_float32", "int8_float16", "int
 ACTIVATIONS = ("relu", "gelu", "gelu_accurate", "gelu_fast", "swish")
 
 
-def _ctranslate2(needs: str = "format=ctranslate2"):
+def import_ctranslate2(needs: str = "format=ctranslate2"):
+    """The ctranslate2 package, or a one-line UserError saying what `needs` it and how to install it."""
     try:
         import ctranslate2
     except ImportError:
@@ -158,71 +159,108 @@ def _vocabulary(dictionary) -> List[str]:
 
 
 def model_spec(model, model_cfg, source_dictionary, target_dictionary):
-    """The CTranslate2 TransformerSpec of an hprune_transformer model (fp32 weights, heads padded per stack)."""
-    _ctranslate2()  # one line if it is not installed
-    from ctranslate2.specs import common_spec, transformer_spec
-    from ctranslate2.specs.model_spec import OPTIONAL
+    """The CTranslate2 TransformerSpec of an hprune_transformer model (fp32 weights, heads padded per stack).
+    model_cfg: the model settings its checkpoint records (its activation)."""
+    import_ctranslate2()  # one line if it is not installed
+    from ctranslate2.specs import transformer_spec
 
+    refuse_what_ctranslate2_cannot_hold(model)
+    activation = _activation(model_cfg)
+    heads = stack_heads(model)
+    encoder_spec = _encoder_spec(model.encoder, heads["encoder"], activation)
+    decoder_spec = _decoder_spec(model.decoder, heads["decoder"], activation)
+    spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
+    _write_encoder(encoder_spec, model.encoder, heads["encoder"])
+    _write_decoder(decoder_spec, model.decoder, heads["decoder"])
+    spec.register_source_vocabulary(_vocabulary(source_dictionary))
+    spec.register_target_vocabulary(_vocabulary(target_dictionary))
+    spec.config.decoder_start_token = spec.config.eos_token  # fairseq's decoder input starts with eos
+    spec.config.add_source_eos = True  # and its source ends with one
+    return spec
+
+
+def refuse_what_ctranslate2_cannot_hold(model) -> None:
     if list(model.moa_layers()):
         raise UserError("CTranslate2 has no mixture-of-attention-heads layer; export MoA models with format=fairseq")
     if model.mechanisms():
         names = ", ".join(m.name for m in model.mechanisms())
         raise UserError(f"this model still has its pruning mechanism ({names}); fold it first (`hprune export` of the "
                         "checkpoint does: model_spec is given the folded model)")
+
+
+def _activation(model_cfg):
+    """CTranslate2's activation for the one the model settings name (relu where they name none)."""
+    from ctranslate2.specs import common_spec
+
     activation = getattr(model_cfg, "activation_fn", "relu")
     if activation not in ACTIVATIONS:
         raise UserError(f"CTranslate2 has no '{activation}' activation; it takes {', '.join(ACTIVATIONS)}")
-    encoder, decoder = model.encoder, model.decoder
-    heads = stack_heads(model)
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
-                  "gelu_accurate": common_spec.Activation.GELUTanh, "gelu_fast": common_spec.Activation.GELUTanh,
-                  "swish": common_spec.Activation.SWISH}[activation]
-    head_dim = encoder.layers[0].self_attn.head_dim
-    alignment_layer, alignment_heads = alignment(decoder)
-    # --decoder-input-dim / --decoder-output-dim give fairseq a projection on one side or both; CTranslate2
-    # reads each one if its weights are there
-    projections = {"project_in": decoder.project_in_dim, "project_out": decoder.project_out_dim}
-    enc = transformer_spec.TransformerEncoderSpec(
-        len(encoder.layers), heads["encoder"], pre_norm=encoder.layers[0].normalize_before,
+    return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+            "gelu_accurate": common_spec.Activation.GELUTanh, "gelu_fast": common_spec.Activation.GELUTanh,
+            "swish": common_spec.Activation.SWISH}[activation]
+
+
+def _projections(decoder) -> dict:
+    """--decoder-input-dim / --decoder-output-dim give fairseq a projection on one side or both; CTranslate2 reads
+    each one if its weights are there."""
+    return {"project_in": decoder.project_in_dim, "project_out": decoder.project_out_dim}
+
+
+def _encoder_spec(encoder, heads: int, activation):
+    from ctranslate2.specs import transformer_spec
+
+    return transformer_spec.TransformerEncoderSpec(
+        len(encoder.layers), heads, pre_norm=encoder.layers[0].normalize_before,
         no_final_norm=encoder.layer_norm is None, activation=activation,
-        layernorm_embedding=encoder.layernorm_embedding is not None, head_dim=head_dim)
-    dec = transformer_spec.TransformerDecoderSpec(
-        len(decoder.layers), heads["decoder"], pre_norm=decoder.layers[0].normalize_before,
+        layernorm_embedding=encoder.layernorm_embedding is not None, head_dim=encoder.layers[0].self_attn.head_dim)
+
+
+def _decoder_spec(decoder, heads: int, activation):
+    from ctranslate2.specs import transformer_spec
+
+    alignment_layer, alignment_heads = alignment(decoder)
+    return transformer_spec.TransformerDecoderSpec(
+        len(decoder.layers), heads, pre_norm=decoder.layers[0].normalize_before,
         no_final_norm=decoder.layer_norm is None, activation=activation,
         layernorm_embedding=decoder.layernorm_embedding is not None,
-        project_in_out=any(m is not None for m in projections.values()), alignment_layer=alignment_layer,
+        project_in_out=any(m is not None for m in _projections(decoder).values()), alignment_layer=alignment_layer,
         alignment_heads=alignment_heads, head_dim=decoder.layers[0].self_attn.head_dim)
-    spec = transformer_spec.TransformerSpec(enc, dec)
 
-    _stack_ends(enc, enc.embeddings[0], encoder, encoder.embed_tokens.weight)
-    for layer_spec, layer in zip(enc.layer, encoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, heads["encoder"], self_attention=True)
+
+def _write_encoder(spec, encoder, heads: int) -> None:
+    _stack_ends(spec, spec.embeddings[0], encoder, encoder.embed_tokens.weight)
+    for layer_spec, layer in zip(spec.layer, encoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, heads, self_attention=True)
         _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
         _ffn(layer_spec.ffn, layer)
 
-    embedding = decoder.embed_tokens.weight.detach().clone()
-    start = getattr(decoder.embed_tokens, "start", None)
-    if start is not None:  # Marian's start vector: the decoder's first input, eos, never comes again as input
-        embedding[decoder.embed_tokens.start_index] = start.detach()
-    _stack_ends(dec, dec.embeddings, decoder, embedding)
-    for name, module in projections.items():
+
+def _write_decoder(spec, decoder, heads: int) -> None:
+    from ctranslate2.specs.model_spec import OPTIONAL
+
+    _stack_ends(spec, spec.embeddings, decoder, _decoder_embedding(decoder))
+    for name, module in _projections(decoder).items():
         if module is not None:
-            _linear(getattr(dec, name), module.weight, module.bias)
-        elif hasattr(dec, name):  # the other side's projection only: this one is left out of the model
-            setattr(dec, name, OPTIONAL)
-    _linear(dec.projection, decoder.output_projection.weight, decoder.output_projection.bias)
-    for layer_spec, layer in zip(dec.layer, decoder.layers):
-        _attention(layer_spec.self_attention, layer.self_attn, heads["decoder"], self_attention=True)
+            _linear(getattr(spec, name), module.weight, module.bias)
+        elif hasattr(spec, name):  # the other side's projection only: this one is left out of the model
+            setattr(spec, name, OPTIONAL)
+    _linear(spec.projection, decoder.output_projection.weight, decoder.output_projection.bias)
+    for layer_spec, layer in zip(spec.layer, decoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attn, heads, self_attention=True)
         _layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
-        _attention(layer_spec.attention, layer.encoder_attn, heads["decoder"], self_attention=False)
+        _attention(layer_spec.attention, layer.encoder_attn, heads, self_attention=False)
         _layer_norm(layer_spec.attention.layer_norm, layer.encoder_attn_layer_norm)
         _ffn(layer_spec.ffn, layer)
 
-    spec.register_source_vocabulary(_vocabulary(source_dictionary))
-    spec.register_target_vocabulary(_vocabulary(target_dictionary))
-    spec.config.decoder_start_token = spec.config.eos_token  # fairseq's decoder input starts with eos
-    spec.config.add_source_eos = True  # and its source ends with one
-    return spec
+
+def _decoder_embedding(decoder) -> torch.Tensor:
+    """The decoder's token embeddings; Marian's start vector in eos's row: the decoder's first input, eos never
+    comes again as input."""
+    embedding = decoder.embed_tokens.weight.detach().clone()
+    start = getattr(decoder.embed_tokens, "start", None)
+    if start is not None:
+        embedding[decoder.embed_tokens.start_index] = start.detach()
+    return embedding
 
 
 def _stack_ends(spec, embeddings_spec, module, embedding: torch.Tensor) -> None:
@@ -312,7 +350,9 @@ def readme(data, subword_files: List[str], quantization: str, prefixes: Tuple[Op
                f"min_decoding_length={generation.min_len}, max_decoding_length={max_length}")
     if target_prefix:
         options += f",\n                                     target_prefix=[[{target_prefix!r}]] * len(lines)"
-    start = "[1:]" if target_prefix else ""
+    # the target language's token starts each translation; wherever else the model says it, it is no word either
+    # (hprune's text drops it too, as transformers' skip_special_tokens does)
+    hypothesis = f"[t for t in result.hypotheses[0] if t != {target_prefix!r}]" if target_prefix else "result.hypotheses[0]"
     body = "\n".join(
         ["\n".join(imports), "",
          f'lines = ["A sentence to translate."]  # the {src} text, one sentence a string',
@@ -320,8 +360,8 @@ def readme(data, subword_files: List[str], quantization: str, prefixes: Tuple[Op
          *setup, "", "", "def encode(line):", *[f"    {code}" for code in encode], "    return tokens", "", "",
          "def decode(tokens):", *[f"    {code}" for code in decode], "    return text", "", "",
          f"results = translator.translate_batch([encode(line) for line in lines], {options})",
-         f"translations = [decode(result.hypotheses[0]{start}) for result in results]" +
-         ("  # after the target language's token" if target_prefix else ""),
+         f"translations = [decode({hypothesis}) for result in results]" +
+         ("  # without the target language's token" if target_prefix else ""),
          'print("\\n".join(translations))'])
     return (f"# A CTranslate2 model ({src} -> {tgt}, weights {quantization}) written by `hprune export`\n\n"
             "Translate with CTranslate2 alone (pip install ctranslate2"
@@ -353,7 +393,7 @@ def translate(model_dir: str, sources: List[List[str]], generation, limits: List
     """Beam search in CTranslate2 with hprune's generation settings: beam, length penalty, minimum length and
     each sentence's length limit (`limits`), from the target `prefix` where there is one. Sentences that share a
     limit are translated in one call. The best hypothesis of each, as target symbols."""
-    translator = _ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
+    translator = import_ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
     hypotheses: List[List[str]] = [[] for _ in sources]
     for length in sorted(set(limits)):
         ids = [i for i, n in enumerate(limits) if n == length]
@@ -369,7 +409,7 @@ def translate(model_dir: str, sources: List[List[str]], generation, limits: List
 def score(model_dir: str, pairs: Sequence[Tuple[List[str], List[str]]], device: str = "cpu",
           threads: int = 0) -> List[List[float]]:
     """CTranslate2's teacher-forced log-probability of each target token, the final eos's included."""
-    translator = _ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
+    translator = import_ctranslate2().Translator(model_dir, device=device, intra_threads=threads)
     results = translator.score_batch([list(s) for s, _ in pairs], [list(t) for _, t in pairs], max_batch_size=64)
     return [list(result.log_probs) for result in results]
 
@@ -491,7 +531,7 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
     the machine's noise)."""
     import time
 
-    ctranslate2 = _ctranslate2()
+    ctranslate2 = import_ctranslate2()
     translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
                    for name, path in model_dirs.items()}
     for translator in translators.values():
@@ -523,87 +563,132 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     under the mask before it is kept (check_parity), its speed measured against the unpruned model's."""
     session = evaluator.session
     model = session.pruned_copy(mask)
-    spec = model_spec(model, session.loaded.cfg.model, *session.dictionaries)  # what it cannot hold: now
+    spec = model_spec(model, session.model_config, *session.dictionaries)  # what it cannot hold: now
     dest = out / "ctranslate2"
     shutil.rmtree(dest, ignore_errors=True)  # an export run again into the same run dir is written anew
     subwords = session.subword_files()
-    prefix = session.loaded.target_prefix
-    sources = session.source_tokens(cfg.split)
-    limits = length_limits(sources, cfg.generation, session.max_target_positions)
+    checked_on = CheckedSplit.of(session, cfg)
     with session.masked(mask):  # hprune's beam search on the masked model, the same split and settings
         masked, hprune_quality = evaluator.translate()  # (BLEU only: no validation loss needed here)
-    checked = {}
+    built = {}
 
     def build(staging: Path) -> None:
-        # the float32 model first: checked against hprune's before anything is kept
-        save(spec, staging, "none")
-        with session.masked(mask):
-            checked["translations"], checked["parity"] = check_parity(
-                str(staging), sources, masked.symbols, cfg.generation, limits,
-                session.sentence_pairs(cfg.split, PARITY_REFERENCES), evaluator,
-                exact=cfg.precision == "fp32", device=session.device, threads=cfg.threads, prefix=prefix)
-        failure = checked["parity"].failure()
-        if failure:
-            raise UserError(f"{failure}; nothing was written (docs/deploy.md, 'Checked on every export')")
-        if cfg.quantization not in ("none", "float32"):
-            for path in staging.iterdir():
-                path.unlink()
-            save(model_spec(model, session.loaded.cfg.model, *session.dictionaries), staging, cfg.quantization)
-            checked["translations"] = translate(str(staging), sources, cfg.generation, limits, session.device,
-                                                cfg.threads, prefix)
-        for path in subwords:
-            shutil.copy(path, staging / path.name)
-        text_step = session.kind.text_step(session.data) if session.kind.text_step else None
-        write_atomic(staging / "README.md",
-                     readme(session.data, [p.name for p in subwords], cfg.quantization, session.prefixes, text_step,
-                            cfg.generation, min(256, session.max_target_positions - 1)))
+        built["translations"], built["parity"] = write_checked_model(staging, evaluator, mask, model, spec, cfg, checked_on,
+                                                               masked.symbols)
+        write_usage(staging, session, subwords, cfg)
 
     build_once(dest, "README.md", build)
-    parity = checked["parity"]
-    theirs, quality = evaluator.score_symbols(checked["translations"], cfg.split)
+    parity = built["parity"]
+    theirs, quality = evaluator.score_symbols(built["translations"], cfg.split)
     run = RunDir(out)  # both runtimes' translations of the split, beside each other
     run.save_hypotheses("hprune", masked.hypotheses, evaluator.references(cfg.split, len(theirs)))
     run.save_hypotheses("ctranslate2", theirs, [])
     metrics = {"split": cfg.split, "bleu": quality.bleu, "bleu_hprune": hprune_quality.bleu,
                "bleu_signature": quality.bleu_signature,
                "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)), **parity.metrics()}
+    speed, length = speed_against_unpruned(evaluator, dest, cfg, checked_on.prefix)
+    metrics.update(layout_metrics(evaluator, model, mask, dest, cfg), subword_files=[p.name for p in subwords],
+                   speed_split=cfg.speed_split)
+    metrics.update(speed_metrics(speed, length))
+    print(summary(metrics, dest, cfg, len(theirs), parity))
+    return metrics
 
-    # speed in CTranslate2: this export against the unpruned model written the same way
+
+@dataclass(frozen=True)
+class CheckedSplit:
+    """The split an export is checked on: its sources in the model's tokens, each sentence's length limit
+    (length_limits), and the target language token translations start from (a multilingual model's, or None)."""
+    sources: List[List[str]]
+    limits: List[int]
+    prefix: Optional[str]
+
+    @classmethod
+    def of(cls, session, cfg) -> "CheckedSplit":
+        prefix = session.prefixes[1]
+        sources = session.source_tokens(cfg.split)
+        return cls(sources, length_limits(sources, cfg.generation, session.max_target_positions), prefix)
+
+
+def write_checked_model(staging: Path, evaluator, mask: dict, model, spec, cfg, split: CheckedSplit,
+                  ours: List[List[str]]) -> Tuple[List[List[str]], Parity]:
+    """The float32 model written into `staging` and checked against hprune's under the mask (`ours`: its
+    translations, as target symbols) before anything is kept; then, where a quantization is asked for, written
+    again quantized. Returns the kept model's translations and the float32 model's Parity."""
+    session = evaluator.session
+    save(spec, staging, "none")
+    with session.masked(mask):
+        translations, parity = check_parity(
+            str(staging), split.sources, ours, cfg.generation, split.limits,
+            session.sentence_pairs(cfg.split, PARITY_REFERENCES), evaluator,
+            exact=cfg.precision == "fp32", device=session.device, threads=cfg.threads, prefix=split.prefix)
+    failure = parity.failure()
+    if failure:
+        raise UserError(f"{failure}; nothing was written (docs/deploy.md, 'Checked on every export')")
+    if cfg.quantization not in ("none", "float32"):
+        for path in staging.iterdir():
+            path.unlink()
+        save(model_spec(model, session.model_config, *session.dictionaries), staging, cfg.quantization)
+        translations = translate(str(staging), split.sources, cfg.generation, split.limits, session.device,
+                                 cfg.threads, split.prefix)
+    return translations, parity
+
+
+def write_usage(staging: Path, session, subwords: List[Path], cfg) -> None:
+    """The subword files beside the model, and the README that says how to use them with it."""
+    for path in subwords:
+        shutil.copy(path, staging / path.name)
+    text_step = session.text_step()
+    write_atomic(staging / "README.md",
+                 readme(session.data, [p.name for p in subwords], cfg.quantization, session.prefixes, text_step,
+                        cfg.generation, min(256, session.max_target_positions - 1)))
+
+
+def speed_against_unpruned(evaluator, dest: Path, cfg, prefix: Optional[str]) -> Tuple[Dict[str, dict], int]:
+    """Sentences/s in CTranslate2 of the export and of the unpruned model written the same way, on the speed split:
+    as each decodes ("free"), and with every translation the sources' mean length ("fixed": the same decoding
+    steps). Returns both and that length."""
+    session = evaluator.session
     with tempfile.TemporaryDirectory() as unpruned:
-        save(model_spec(session.pruned_copy(session.unpruned_mask()), session.loaded.cfg.model, *session.dictionaries),
+        save(model_spec(session.pruned_copy(session.unpruned_mask()), session.model_config, *session.dictionaries),
              unpruned, cfg.quantization)
         models, sources = {"pruned": str(dest), "unpruned": unpruned}, session.source_tokens(cfg.speed_split)
         length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
         measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads, device=session.device,
                                    lengths=(None, length), prefix=prefix,
                                    max_length=min(256, session.max_target_positions - 1))
-        speed = {"free": measured[None], "fixed": measured[length]}
+    return {"free": measured[None], "fixed": measured[length]}, length
+
+
+def layout_metrics(evaluator, model, mask: dict, dest: Path, cfg) -> dict:
+    """The export's heads per stack, the layer and heads its attention is read from, and the attention MACs it
+    spends (its padded heads included) beside the mask's."""
     heads = stack_heads(model)
     alignment_layer, alignment_heads = alignment(model.decoder)
-    costs = evaluator.unit_costs()
+    costs, unpruned_mask = evaluator.unit_costs(), evaluator.session.unpruned_mask()
     macs = {name: mask_macs(costs, m, ATTENTION_TYPES)
-            for name, m in (("mask", mask), ("ctranslate2", padded_mask(mask, heads)),
-                            ("unpruned", session.unpruned_mask()))}
-    metrics.update({"export_dir": str(dest.absolute()), "quantization": cfg.quantization,
-                    "ctranslate2_encoder_heads": heads["encoder"], "ctranslate2_decoder_heads": heads["decoder"],
-                    "ctranslate2_alignment_layer": alignment_layer, "ctranslate2_alignment_heads": alignment_heads,
-                    "attention_macs_pct_mask": round(100 * macs["mask"] / macs["unpruned"], 2),
-                    "attention_macs_pct_ctranslate2": round(100 * macs["ctranslate2"] / macs["unpruned"], 2),
-                    "subword_files": [p.name for p in subwords], "speed_split": cfg.speed_split,
-                    "sentences_per_s_ctranslate2": speed["free"]["pruned"],
-                    "sentences_per_s_ctranslate2_unpruned": speed["free"]["unpruned"],
-                    "speedup_ctranslate2": round(speed["free"]["pruned"] / speed["free"]["unpruned"], 3),
-                    "decoding_length_fixed": length,
-                    "speedup_ctranslate2_fixed_length": round(speed["fixed"]["pruned"] / speed["fixed"]["unpruned"], 3)})
-    m = metrics
-    print(f"CTranslate2 model: {dest} ({cfg.quantization}); BLEU {m['bleu']:.2f} on {cfg.split} (hprune, masked: "
-          f"{m['bleu_hprune']:.2f}; {m['translations_differ']} of {len(theirs)} translations differ: float32 "
-          f"{parity.describe()}); heads per layer: "
-          f"encoder {heads['encoder']}, decoder {heads['decoder']}; attention MACs {m['attention_macs_pct_ctranslate2']} "
-          f"% of the unpruned model's (the mask's: {m['attention_macs_pct_mask']} %); {speed['free']['pruned']} "
-          f"sentences/s against the unpruned model's {speed['free']['unpruned']} ({m['speedup_ctranslate2']}x, beam "
-          f"{cfg.generation.beam}, {cfg.speed_split} split), {m['speedup_ctranslate2_fixed_length']}x with every "
-          f"translation {length} tokens long (the same decoding steps)")
-    return metrics
+            for name, m in (("mask", mask), ("ctranslate2", padded_mask(mask, heads)), ("unpruned", unpruned_mask))}
+    return {"export_dir": str(dest.absolute()), "quantization": cfg.quantization,
+            "ctranslate2_encoder_heads": heads["encoder"], "ctranslate2_decoder_heads": heads["decoder"],
+            "ctranslate2_alignment_layer": alignment_layer, "ctranslate2_alignment_heads": alignment_heads,
+            "attention_macs_pct_mask": round(100 * macs["mask"] / macs["unpruned"], 2),
+            "attention_macs_pct_ctranslate2": round(100 * macs["ctranslate2"] / macs["unpruned"], 2)}
 
 
+def speed_metrics(speed: Dict[str, dict], length: int) -> dict:
+    return {"sentences_per_s_ctranslate2": speed["free"]["pruned"],
+            "sentences_per_s_ctranslate2_unpruned": speed["free"]["unpruned"],
+            "speedup_ctranslate2": round(speed["free"]["pruned"] / speed["free"]["unpruned"], 3),
+            "decoding_length_fixed": length,
+            "speedup_ctranslate2_fixed_length": round(speed["fixed"]["pruned"] / speed["fixed"]["unpruned"], 3)}
+
+
+def summary(m: dict, dest: Path, cfg, sentences: int, parity: Parity) -> str:
+    return (f"CTranslate2 model: {dest} ({cfg.quantization}); BLEU {m['bleu']:.2f} on {cfg.split} (hprune, masked: "
+            f"{m['bleu_hprune']:.2f}; {m['translations_differ']} of {sentences} translations differ: float32 "
+            f"{parity.describe()}); heads per layer: encoder {m['ctranslate2_encoder_heads']}, decoder "
+            f"{m['ctranslate2_decoder_heads']}; attention MACs {m['attention_macs_pct_ctranslate2']} % of the "
+            f"unpruned model's (the mask's: {m['attention_macs_pct_mask']} %); {m['sentences_per_s_ctranslate2']} "
+            f"sentences/s against the unpruned model's {m['sentences_per_s_ctranslate2_unpruned']} "
+            f"({m['speedup_ctranslate2']}x, beam {cfg.generation.beam}, {cfg.speed_split} split), "
+            f"{m['speedup_ctranslate2_fixed_length']}x with every translation {m['decoding_length_fixed']} tokens long "
+            "(the same decoding steps)")

@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Sequence
 
 from ..errors import UserError
 from ..files import write_json
-from .ctranslate2 import _ctranslate2, model_spec, save, sentences_per_s
+from .ctranslate2 import import_ctranslate2, model_spec, save, sentences_per_s
 
 log = logging.getLogger(__name__)
 WIDTH_STEPS = 8  # FFN widths timed: d_ff · i / 8 for i = 0..8 (width 0 is written as one zero neuron)
@@ -146,13 +146,27 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
     return {name: 1.0 / value for name, value in speed.items()}
 
 
+def seconds_per_sentence(session, mask: dict, settings: LatencySettings) -> Dict[str, float]:
+    """Seconds per sentence in CTranslate2 of an opened model (hprune.session.Session) under `mask` ("pruned") and
+    unpruned ("unpruned"), timed side by side (measured)."""
+    return measured({"pruned": lambda: session.pruned_copy(mask),
+                     "unpruned": lambda: session.pruned_copy(session.unpruned_mask())},
+                    session.model_config, session.dictionaries, session.source_tokens(settings.split), settings)
+
+
+def table_of(session, settings: LatencySettings, cache: Path) -> LatencyTable:
+    """An opened model's latency table (latency_table): measured once, then read from `cache`."""
+    return latency_table(session.model, session.pruned_copy_keeping, session.model_config, session.dictionaries,
+                         session.source_tokens(settings.split), settings, cache)
+
+
 def latency_metrics(fraction: float) -> dict:
     """A measured latency, as a fraction of the unpruned model's, as metrics.json keeps it."""
     return {"latency_pct_measured": round(100 * fraction, 2), "latency_speedup": round(1 / fraction, 3)}
 
 
 def table_key(settings: LatencySettings, model, length: int) -> str:
-    ctranslate2 = _ctranslate2("prune.latency_budget")
+    ctranslate2 = import_ctranslate2("prune.latency_budget")
     measured_how = {"measure", "split", "calibrate", "calibrate_tolerance"}  # not how the table is timed
     kept = {key: value for key, value in asdict(settings).items() if key not in measured_how}
     what = {"version": TABLE_VERSION, "settings": {**kept, "length": length}, "model": dimensions(model),

@@ -14,10 +14,10 @@ A method declares:
   * a mechanism it trains inside the model (gates, a selector) is the plugin's (hprune_fairseq/mechanisms/),
     registered with its own flags and fold: export, loading and CTranslate2 ask the model, not the method.
 
-Modules of this package are found on their own; a method kept elsewhere (your own repository) is imported
-from its yaml's `module:` (a module name on PYTHONPATH, or a .py file), its yaml found through Hydra's
-`hydra.searchpath=[file://<folder holding prune/<name>.yaml>]`; importing it also puts it in HPRUNE_PLUGINS,
-so the training workers fairseq starts import it too (a mechanism of its own registers there). The name is the
+Modules of this package are found on their own (METHODS, a registry.Registry, imports each once); a method
+kept elsewhere (your own repository) is imported from its yaml's `module:` (a module name on PYTHONPATH, or a
+.py file), its yaml found through Hydra's `hydra.searchpath=[file://<folder holding prune/<name>.yaml>]`, and
+shared with the training workers fairseq starts (a mechanism of its own registers there too). The name is the
 one `prune.method`, `--method`, the report and the docs use:
 
     @register_method("michel", settings=CurveSettings)
@@ -30,18 +30,15 @@ one `prune.method`, `--method`, the report and the docs use:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
-import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ..errors import UserError
-from ..plugins import import_plugin
+from ..registry import Registry, first_line, share_with_workers
 
 
 @dataclass(frozen=True)
@@ -145,50 +142,27 @@ class MethodSettings:
     module: Optional[str] = None  # a method kept outside hprune: its module
 
 
-METHODS: Dict[str, Method] = {}
+METHODS: Registry[Method] = Registry("pruning method", package=__name__)
 
 
 def register_method(name: str, procedure: bool = False, settings: Optional[type] = None,
                     check: Optional[Callable] = None, needs_head_maps: bool = False,
                     control: Optional[Control] = None, report: Optional[Report] = None) -> Callable:
-    def decorate(fn: Callable) -> Callable:
-        if name in METHODS and METHODS[name].score is not fn and METHODS[name].run is not fn:
-            raise ValueError(f"pruning method '{name}' is registered twice")
-        summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        METHODS[name] = Method(name, score=None if procedure else fn, run=fn if procedure else None,
-                               settings=settings, check=check, needs_head_maps=needs_head_maps, control=control,
-                               report=report or Report(), summary=summary)
-        return fn
-    return decorate
-
-
-def _discover() -> None:
-    """Import every module of this package once, so each registers its methods."""
-    for module in pkgutil.iter_modules(__path__):
-        if module.name != "curve":
-            importlib.import_module(f"{__name__}.{module.name}")
-
-
-def import_module(module: Optional[str]) -> None:
-    """Import a method kept outside this package (a yaml's `module:`): a module name, or a path to a .py file."""
-    if not module:
-        return
-    entry = import_plugin(module, "prune.module")
-    # fairseq's training workers (processes of their own) import it too: a mechanism it registers is theirs
-    plugins = [p for p in os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep) if p]
-    if entry not in plugins:
-        os.environ["HPRUNE_PLUGINS"] = os.pathsep.join([*plugins, entry])
+    def method(fn: Callable) -> Method:
+        return Method(name, score=None if procedure else fn, run=fn if procedure else None, settings=settings,
+                      check=check, needs_head_maps=needs_head_maps, control=control, report=report or Report(),
+                      summary=first_line(fn.__doc__))
+    return METHODS.register(name, method)
 
 
 def method_names(procedure: Optional[bool] = None) -> List[str]:
     """Registered names (all, only the orders, or only the procedures), in registration order."""
-    _discover()
     return [name for name, m in METHODS.items() if procedure is None or m.procedure == procedure]
 
 
 def get_method(name: str, module: Optional[str] = None) -> Method:
-    _discover()
-    import_module(module)
-    if name not in METHODS:
-        raise UserError(f"unknown pruning method '{name}'; choose from {', '.join(METHODS)}")
-    return METHODS[name]
+    """The method `name`; `module`: the plugin that registers it (a yaml's `module:`), which fairseq's training
+    workers import too, since a mechanism it registers is theirs."""
+    if module:
+        share_with_workers(METHODS.load_plugin(module, "prune.module"))
+    return METHODS.lookup(name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Set
+from typing import Callable, List, NamedTuple, Optional, Set, Tuple
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -25,7 +25,7 @@ from ..attention_types import ATTENTION_TYPES, check_attention_types
 from ..deploy.fairseq_checkpoint import write_checked
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
-from ..files import run_dir, write_atomic, write_json
+from ..files import write_atomic, write_json
 from ..pruning.heads import (
     Head,
     Mask,
@@ -43,8 +43,9 @@ from ..pruning.heads import (
 from ..reporting import plots
 from ..reporting.significance import paired_bootstrap
 from ..reporting.tables import markdown
-from ..rundir import PRUNED, RunDir, save_hypotheses
+from ..rundir import PRUNED, RunDir, model_provenance, run_dir, save_hypotheses
 from . import MethodSettings
+from .training import finetune
 
 log = logging.getLogger(__name__)
 ABLATIONS = ("single", "one_head", "types")
@@ -173,7 +174,7 @@ def finetuning_control(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], s
     with console.progress("fine-tuning control", len(steps), "step") as bar:
         for step, pct in enumerate(steps):
             if heads_to_prune(len(pool), pct):
-                session.finetune(None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
+                finetune(session, None, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
                 controls[step] = evaluator.evaluate(None)
                 save_hypotheses(run_dir(), f"control.{step}", controls[step])
             bar.advance(1)
@@ -181,12 +182,21 @@ def finetuning_control(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], s
     return controls
 
 
+class ChosenStep(NamedTuple):
+    """A curve's step that head_mask.json may be taken from: its row of curve.csv, its evaluation, its mask, and
+    the weights after its fine-tuning (None: the curve does not fine-tune)."""
+    row: dict
+    result: Evaluation
+    mask: Mask
+    weights: Optional[dict]
+
+
 def curve(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], method: str, steps: List[float], unpruned: Evaluation,
           initial_state: Optional[dict],
           on_row: Callable[[list], None], candidate: Callable[[dict], bool],
-          against: Optional[dict] = None, controls: Optional[dict] = None) -> tuple[list, Optional[tuple], dict]:
+          against: Optional[dict] = None, controls: Optional[dict] = None) -> tuple[list, Optional[ChosenStep], dict]:
     """Prune cumulatively in the method's order. Returns the rows, the last step that is a `candidate` for
-    head_mask.json, as (row, its evaluation, mask, weights after fine-tuning or None), and each step's
+    head_mask.json (a ChosenStep), and each step's
     evaluation; `against`: the method's evaluations by step, which a baseline order is tested against;
     `controls`: the fine-tuning control's evaluations by step (finetuning_control)."""
     against, controls = against or {}, controls or {}
@@ -208,7 +218,7 @@ def curve(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], method: str, s
             mask = mask_without(session.model, pruned)
             n = len(pruned)  # per_stack may prune a few more than the step's share
             if p.finetune.updates and n:
-                session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
+                finetune(session, mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed + step)
             result = unpruned if n == 0 else evaluator.evaluate(mask)
             control = controls.get(step)
             row = {"order": method, "layout": p.layout, "step": step, "pct_target": pct, "heads_pruned": n,
@@ -224,20 +234,42 @@ def curve(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], method: str, s
             results[step] = result
             on_row(rows)
             if candidate(row):
-                chosen = (row, result, mask, session.state() if p.finetune.updates else None)
+                chosen = ChosenStep(row, result, mask, session.state() if p.finetune.updates else None)
             bar.advance(1, pruned=f"{row['pct_pruned']:g}%", bleu=f"{row['bleu']:.1f}")
     return rows, chosen, results
 
 
 def run(session, cfg: DictConfig, out: Path) -> dict:
     """An order's run: scores, ablations, the curves of the method and its baselines, head_mask.json, export."""
-    from . import get_method, method_names
+    from . import method_names
 
     p, evaluator = cfg.prune, Evaluator.of(session, cfg)
     orders = method_names(procedure=False)
     steps = check_settings(p, orders)
-    model = session.model
-    pool = pool_of(model, p.types)
+    pool = pool_of(session.model, p.types)
+    check_pool(session.model, p, orders, steps, pool)
+    importance = score_heads(session, cfg, pool, out)
+    unpruned = evaluator.evaluate(None)
+    initial_state = session.state() if p.finetune.updates else None
+    if p.ablations:
+        ablations(evaluator, cfg, pool, importance, unpruned, out)
+    table, chosen = curves(evaluator, cfg, pool, steps, unpruned, initial_state, out)
+    plots.bleu_curve(table, unpruned.bleu, out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
+    write_json(RunDir(out).head_mask, chosen.mask)
+    metrics = run_metrics(session, cfg, pool, chosen, unpruned)
+    if p.export:
+        if chosen.weights is not None:
+            session.load_state(chosen.weights)  # the fine-tuned weights of the chosen step
+        metrics.update(write_checked(evaluator, chosen.mask, RunDir(out).checkpoint(PRUNED), chosen.result))
+    print_summary(table, chosen, len(pool), p, metrics)
+    return metrics
+
+
+def check_pool(model, p: DictConfig, orders: List[str], steps: List[float], pool: Set[Head]) -> None:
+    """Refuse, before any work, what this model's heads cannot give: per-head attention maps of MoA experts, or
+    more heads pruned than the layout and the minimum per layer leave."""
+    from . import get_method
+
     experts = sorted(moa_types(model) & set(p.types))
     needs_maps = [name for name in (p.method, *p.baselines) if get_method(name).needs_head_maps]
     if experts and needs_maps:
@@ -249,17 +281,24 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
                         f"with prune.min_heads_per_layer={p.min_heads_per_layer} and prune.layout={p.layout}; lower "
                         "prune.step_pct's range, prune.target_pct or that minimum")
 
+
+def score_heads(session, cfg: DictConfig, pool: Set[Head], out: Path) -> pd.DataFrame:
+    """The method's head scores, ranked, with Michel et al.'s head ids (head_importance.csv and its heatmaps)."""
+    p = cfg.prune
     log.info("scoring %d heads of %s (%s)", len(pool), ", ".join(p.types), p.method)
     importance = ranked(head_scores(session, cfg, p.method))
     importance.insert(3, "id", [michel_id(h) for h in importance[["type", "layer", "head"]].itertuples(index=False, name=None)])
     write_atomic(out / "head_importance.csv", importance.sort_values(["type", "layer", "head"]).to_csv(index=False))
     plots.head_heatmaps(importance, "importance", out / "head_importance.png", f"{p.method} head scores")
+    return importance
 
-    unpruned = evaluator.evaluate(None)
-    initial_state = session.state() if p.finetune.updates else None
-    if p.ablations:
-        ablations(evaluator, cfg, pool, importance, unpruned, out)
 
+def curves(evaluator: Evaluator, cfg: DictConfig, pool: Set[Head], steps: List[float], unpruned: Evaluation,
+           initial_state: Optional[dict], out: Path) -> Tuple[pd.DataFrame, ChosenStep]:
+    """The curves of the method's order and then of each baseline order, curve.csv/.md rewritten after every point;
+    returns the table of all of them and the step head_mask.json is taken from: the last candidate of the method's
+    own order (within prune.max_bleu_drop, or at prune.target_pct; step 0 always is one)."""
+    p = cfg.prune
     all_rows: list = []
 
     def write_curve(rows: list) -> None:
@@ -282,33 +321,34 @@ def run(session, cfg: DictConfig, out: Path) -> dict:
                                               candidate, None if order == p.method else method_results, controls)
         all_rows += rows
         if order == p.method:
-            chosen, chosen_result, chosen_mask, chosen_weights = last_candidate  # step 0 always is one
+            chosen = last_candidate  # step 0 always is one
             method_results = {step: r for step, r in results.items() if step > 0}
-    table = pd.DataFrame(all_rows)
-    plots.bleu_curve(table, unpruned.bleu, out / "curve.png", f"{cfg.data.name}: BLEU vs heads pruned")
-    write_json(RunDir(out).head_mask, chosen_mask)
+    return pd.DataFrame(all_rows), chosen
 
-    metrics = {
+
+def run_metrics(session, cfg: DictConfig, pool: Set[Head], chosen: ChosenStep, unpruned: Evaluation) -> dict:
+    """metrics.json's keys, the export's aside."""
+    p, row = cfg.prune, chosen.row
+    return {
         "method": p.method, "layout": p.layout, "split": cfg.split,
-        "bleu": chosen["bleu"], "delta_bleu": chosen["delta_bleu"], "bleu_unpruned": unpruned.bleu,
-        "chrf": chosen["chrf"], "valid_loss": chosen["valid_loss"], "valid_loss_unpruned": unpruned.valid_loss,
-        "pct_pruned": chosen["pct_pruned"], "heads_pruned": chosen["heads_pruned"], "heads_pool": len(pool),
-        **kept_columns(chosen_mask), "bleu_signature": unpruned.bleu_signature,
+        "bleu": row["bleu"], "delta_bleu": row["delta_bleu"], "bleu_unpruned": unpruned.bleu,
+        "chrf": row["chrf"], "valid_loss": row["valid_loss"], "valid_loss_unpruned": unpruned.valid_loss,
+        "pct_pruned": row["pct_pruned"], "heads_pruned": row["heads_pruned"], "heads_pool": len(pool),
+        **kept_columns(chosen.mask), "bleu_signature": unpruned.bleu_signature,
         "types": list(p.types), "step_pct": p.step_pct, "target_pct": p.target_pct, "max_bleu_drop": p.max_bleu_drop,
         "reestimate": p.reestimate, "min_heads_per_layer": p.min_heads_per_layer,
         "finetune_updates": p.finetune.updates, "importance_split": p.importance.split,
         "importance_max_batches": p.importance.max_batches, "normalize_by_layer": p.importance.normalize_by_layer,
-        "baselines": list(p.baselines), "ablations": list(p.ablations), **session.provenance(),
+        "baselines": list(p.baselines), "ablations": list(p.ablations), **model_provenance(session),
     }
-    if p.export:
-        if chosen_weights is not None:
-            session.load_state(chosen_weights)  # the fine-tuned weights of the chosen step
-        metrics.update(write_checked(evaluator, chosen_mask, RunDir(out).checkpoint(PRUNED), chosen_result))
+
+
+def print_summary(table: pd.DataFrame, chosen: ChosenStep, heads_pool: int, p: DictConfig, metrics: dict) -> None:
+    """The curves' table, the step head_mask.json took and the export, on the terminal."""
+    row = chosen.row
     print(markdown(table.drop(columns=CURVE_ONLY)), end="")
-    print(f"head_mask.json: {chosen['pct_pruned']} % of {len(pool)} heads pruned ({p.layout} layout), BLEU "
-          f"{chosen['bleu']:.2f} ({chosen['delta_bleu']:+.2f} vs unpruned)")
+    print(f"head_mask.json: {row['pct_pruned']} % of {heads_pool} heads pruned ({p.layout} layout), BLEU "
+          f"{row['bleu']:.2f} ({row['delta_bleu']:+.2f} vs unpruned)")
     if p.export:
         print(f"pruned checkpoint: {metrics['export_checkpoint']} ({metrics['params_removed_pct']} % fewer "
               f"parameters, BLEU {metrics['export_bleu']:.2f}, max |diff| {metrics['export_max_abs_diff']:.1e})")
-    return metrics
-

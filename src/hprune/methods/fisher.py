@@ -35,6 +35,7 @@ the first self-attention of the encoder and of the decoder is not tuned, as the 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import logging
@@ -42,7 +43,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pandas as pd
 import torch
@@ -50,7 +51,7 @@ from omegaconf import DictConfig
 
 from ..attention_types import ATTENTION_TYPES, FFN_TYPES, STACK, check_attention_types
 from ..deploy.fairseq_checkpoint import write_checked
-from ..deploy.latency import LatencySettings, calibrated, latency_metrics
+from ..deploy.latency import LatencySettings, LatencyTable, calibrated, latency_metrics, seconds_per_sentence, table_of
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic, write_json
@@ -58,7 +59,7 @@ from ..flops import mask_macs
 from ..pruning.heads import Head, describe_kept, layer_floor, mask_without, moa_types, per_stack_masks, pool_of
 from ..pruning.scores import mask_gradients
 from ..reporting.significance import paired_bootstrap
-from ..rundir import PRUNED, RunDir, save_hypotheses
+from ..rundir import PRUNED, RunDir, model_provenance, save_hypotheses
 from . import MethodSettings, Report, register_method, trained
 
 log = logging.getLogger(__name__)
@@ -385,46 +386,172 @@ def tune(session, teacher_mask: dict, mask: dict, types, batches: List[dict], ma
                  report=Report(knobs=("macs_budget",), title="Kwon et al. (fisher)"))
 def fisher(session, cfg: DictConfig, out: Path) -> dict:
     """Kwon et al. 2022: Fisher-ranked heads under a MACs budget, rearranged and rescaled, without retraining."""
-    p, c, evaluator = cfg.prune, cfg.prune.calibration, Evaluator.of(session, cfg)
-    neurons = "neurons" in p.units
-    model = session.model
-    types = (list(p.types) if "heads" in p.units else []) + (list(FFN_TYPES) if neurons else [])
-    started = time.perf_counter()  # the calibration data first: a missing or empty split stops before any output
-    batches = session.sampled_batches(c.split, c.sentences, c.batch_size, c.seed)
-    seconds = {"calibration": time.perf_counter() - started}
-    pool = pool_of(model, types)
-    costs = evaluator.unit_costs()
-    base = mask_macs(costs, mask_without(model, (), neurons), types)
+    p, c, evaluator, seconds = cfg.prune, cfg.prune.calibration, Evaluator.of(session, cfg), {}
+    with timed(seconds, "calibration"):  # the calibration data first: a missing or empty split stops before any output
+        batches = session.sampled_batches(c.split, c.sentences, c.batch_size, c.seed)
+    prunable = Prunable.of(evaluator, p)
     unpruned = evaluator.evaluate(None)
     save_hypotheses(out, "unpruned", unpruned)
+    with timed(seconds, "fisher"):
+        scores = FisherScores.of(session, batches, p.fisher.removeprefix("per_"), prunable.neurons)
+    chosen = choose(session, cfg, prunable, scores, seconds)
+    mask = prunable.mask_keeping(chosen.final)
+    stages, results = evaluate_stages(evaluator, prunable, chosen.stages, unpruned, out)
+    scales, stopped = {}, "off"
+    if p.tune:  # stage 4, against the teacher the looser search found
+        with timed(seconds, "tune"):
+            scales, stopped = tune(session, prunable.mask_keeping(chosen.looser), mask, prunable.types, batches,
+                                   p.tune_max_scale)
+        results["tuned"] = evaluator.evaluate(mask)
+        stages.append(_stage_row(evaluator, "tuned", mask, results["tuned"], unpruned, prunable.types, prunable.base))
+    compare_stages(stages, results, cfg.significance)
+    result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
+    save_hypotheses(out, "pruned", result)
+    write_tables(out, p, prunable, scores, chosen, scales, stages, mask)
+    metrics = run_metrics(evaluator, cfg, prunable, chosen, mask, result, results, unpruned, batches, stopped, seconds)
+    if p.export:
+        metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
+    print(pd.DataFrame(stages).to_string(index=False))
+    print(summary(metrics))
+    return metrics
 
+
+@contextlib.contextmanager
+def timed(seconds: Dict[str, float], stage: str) -> Iterator[None]:
+    """Record in `seconds` how long the block took, as `stage` (metrics.json's seconds_<stage>)."""
     started = time.perf_counter()
-    units, grads = mask_gradients(model, batches, session.pad, per=p.fisher.removeprefix("per_"), neurons=neurons)
-    importance = grads.pow(2).sum(0)
-    seconds["fisher"] = time.perf_counter() - started
-    order = [units[i] for i in sorted(range(len(units)), key=lambda i: (-float(importance[i]), i)) if units[i] in pool]
-    started = time.perf_counter()
-    by_unit = {unit: float(importance[i]) for i, unit in enumerate(units)}
-    head_pool = {unit for unit in pool if unit[0] not in FFN_TYPES}
+    yield
+    seconds[stage] = time.perf_counter() - started
+
+
+@dataclass
+class Prunable:
+    """What a run prunes: the units of `types` in `pool` (the heads of prune.types, and every FFN neuron where
+    prune.units has neurons), `heads` the pool's heads, their MACs per target token (`costs`) and those of the
+    whole pool (`base`, the budget's unit)."""
+    model: torch.nn.Module
+    types: List[str]
+    neurons: bool
+    pool: set
+    heads: set
+    costs: dict
+    base: float
+
+    @classmethod
+    def of(cls, evaluator: Evaluator, p: DictConfig) -> "Prunable":
+        model, neurons = evaluator.session.model, "neurons" in p.units
+        types = (list(p.types) if "heads" in p.units else []) + (list(FFN_TYPES) if neurons else [])
+        pool = pool_of(model, types)
+        costs = evaluator.unit_costs()
+        base = mask_macs(costs, mask_without(model, (), neurons), types)
+        return cls(model, types, neurons, pool, {unit for unit in pool if unit[0] not in FFN_TYPES}, costs, base)
+
+    def mask_keeping(self, kept: set) -> dict:
+        """The mask that removes every unit of the pool but `kept`."""
+        return mask_without(self.model, self.pool - kept, self.neurons)
+
+
+@dataclass
+class FisherScores:
+    """Stage 1: each unit's mask gradients (a row per calibration sentence, or per batch), in the model's order,
+    and its importance, Σ_s g_su² (the diagonal of the empirical Fisher information)."""
+    units: List[Head]
+    grads: torch.Tensor
+    importance: torch.Tensor
+
+    @classmethod
+    def of(cls, session, batches: List[dict], per: str, neurons: bool) -> "FisherScores":
+        units, grads = mask_gradients(session.model, batches, session.pad, per=per, neurons=neurons)
+        return cls(units, grads, grads.pow(2).sum(0))
+
+    def order(self, pool: set) -> List[Head]:
+        """The units of `pool`, most important first (ties in the model's order)."""
+        units, importance = self.units, self.importance
+        return [units[i] for i in sorted(range(len(units)), key=lambda i: (-float(importance[i]), i)) if units[i] in pool]
+
+    def by_unit(self) -> Dict[Head, float]:
+        return {unit: float(self.importance[i]) for i, unit in enumerate(self.units)}
+
+
+@dataclass
+class LatencySearch:
+    """How a latency budget was searched: the latency table, the target fraction the kept mask was found for, its
+    fraction measured in CTranslate2 (None: not measured) and each measurement (`calibrated`)."""
+    table: LatencyTable
+    target: float
+    measured: Optional[float]
+    calibration: list
+
+
+@dataclass
+class Chosen:
+    """The units kept after each stage that chooses them ("search", then "rearranged" with prune.rearrange), the
+    looser search's at the budget's square root (the tuning's teacher), and a latency budget's search."""
+    stages: Dict[str, set]
+    looser: set
+    latency: Optional[LatencySearch] = None
+
+    @property
+    def final(self) -> set:
+        return self.stages.get("rearranged", self.stages["search"])
+
+
+def choose(session, cfg: DictConfig, prunable: Prunable, scores: FisherScores, seconds: dict) -> Chosen:
+    """Stages 2 and 3: the search under the budget (and its square root), then the rearrangement."""
+    p, order = cfg.prune, scores.order(prunable.pool)
     if p.latency_budget is not None:  # per_stack (checked): CTranslate2's layout
+        searched, looser, latency = search_under_latency(session, cfg, prunable, order, scores.by_unit(), seconds)
+    else:
+        with timed(seconds, "search"):
+            searched, looser = search_under_macs(p, prunable, order, scores.by_unit())
+        latency = None
+    chosen = Chosen({"search": searched}, looser, latency)
+    if p.rearrange:
+        with timed(seconds, "rearrange"):
+            chosen.stages["rearranged"] = rearrange(searched, scores.units, scores.grads, prunable.types)
+    return chosen
+
+
+def search_under_macs(p: DictConfig, prunable: Prunable, order: List[Head], by_unit: Dict[Head, float]) -> List[set]:
+    """The units kept under the MACs budget and under its square root, by the search the settings choose."""
+    fractions = (p.macs_budget, math.sqrt(p.macs_budget))
+    model, costs, types, pool, heads = prunable.model, prunable.costs, prunable.types, prunable.pool, prunable.heads
+    if prunable.neurons:  # the reference's sweep: each number of heads (at least one), the neurons filling the rest
+        head_order = [unit for unit in order if unit in heads]
+        head_sets = per_stack_masks(heads, by_unit, layer_floor(p.layout, 0)) if p.layout == "per_stack" else \
+            [set(head_order[:n]) for n in range(min(1, len(head_order)), len(head_order) + 1)]
+        neuron_order = [unit for unit in order if unit not in heads]
+        return [search_with_neurons(head_sets or [set()], by_unit, fraction * prunable.base, costs, types, model,
+                                    neuron_order) for fraction in fractions]
+    if p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
+        return [search_per_stack(by_unit, fraction * prunable.base, costs, types, model, pool, layer_floor(p.layout, 0))
+                for fraction in fractions]
+    return [search(order, fraction * prunable.base, costs, types, model, pool) for fraction in fractions]
+
+
+def search_under_latency(session, cfg: DictConfig, prunable: Prunable, order: List[Head], by_unit: Dict[Head, float],
+                         seconds: dict) -> Tuple[set, set, LatencySearch]:
+    """The units kept under the latency budget (searched on the latency table, checked by measurement) and under
+    the square root of the target it was found for."""
+    p, model, heads = cfg.prune, prunable.model, prunable.heads
+    with timed(seconds, "latency_table"):
         if moa_types(model):
             raise UserError("prune.latency_budget is measured in CTranslate2, which has no mixture-of-attention layer: "
                             "prune an MoA model's experts under prune.macs_budget (and its FFN neurons with "
                             "prune.units=[heads,neurons])")
         settings = LatencySettings(**cfg.latency)
-        latency = session.latency_table(settings, Path(cfg.paths.data_root) / "latency")
-        seconds["latency_table"] = time.perf_counter() - started
-        started = time.perf_counter()
-        head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if head_pool else [set()]
-        neuron_order = [unit for unit in order if unit not in head_pool]
+        table = table_of(session, settings, Path(cfg.paths.data_root) / "latency")
+    with timed(seconds, "search"):
+        head_sets = per_stack_masks(heads, by_unit, layer_floor(p.layout, 0)) if heads else [set()]
+        neuron_order = [unit for unit in order if unit not in heads]
 
         def search_at(fraction: float) -> set:
-            return search_latency(head_sets, by_unit, fraction * latency.unpruned, latency, model, head_pool,
-                                  neuron_order, neurons)
+            return search_latency(head_sets, by_unit, fraction * table.unpruned, table, model, heads, neuron_order,
+                                  prunable.neurons)
 
         def measure(kept: set, target: float) -> float:
-            timed = session.latency(mask_without(model, pool - kept, neurons), settings)
-            fraction = timed["pruned"] / timed["unpruned"]
+            timing = seconds_per_sentence(session, prunable.mask_keeping(kept), settings)
+            fraction = timing["pruned"] / timing["unpruned"]
             print(f"latency budget {p.latency_budget:g}: the mask found for the table's {100 * target:.1f} % measures "
                   f"{100 * fraction:.1f} % in CTranslate2 ({settings.compute_type}, {settings.threads} thread(s), "
                   f"beam {settings.beam})")
@@ -432,89 +559,82 @@ def fisher(session, cfg: DictConfig, out: Path) -> dict:
 
         searched, target, measured, calibration = calibrated(search_at, measure, p.latency_budget,
                                                              settings.calibrate, settings.calibrate_tolerance)
-        found = [searched, search_at(math.sqrt(target))]
-    elif neurons:  # the reference's sweep: each number of heads (at least one), the neurons filling the rest
-        head_order = [unit for unit in order if unit in head_pool]
-        head_sets = per_stack_masks(head_pool, by_unit, layer_floor(p.layout, 0)) if p.layout == "per_stack" else \
-            [set(head_order[:n]) for n in range(min(1, len(head_order)), len(head_order) + 1)]
-        neuron_order = [unit for unit in order if unit not in head_pool]
-        found = [search_with_neurons(head_sets or [set()], by_unit, fraction * base, costs, types, model, neuron_order)
-                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
-    elif p.layout == "per_stack":  # rearrangement keeps each layer's count: the layout survives it
-        found = [search_per_stack(by_unit, fraction * base, costs, types, model, pool, layer_floor(p.layout, 0))
-                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
-    else:
-        found = [search(order, fraction * base, costs, types, model, pool)
-                 for fraction in (p.macs_budget, math.sqrt(p.macs_budget))]
-    kept, looser = {"search": found[0]}, found[1]
-    seconds["search"] = time.perf_counter() - started
-    if p.rearrange:
-        started = time.perf_counter()
-        kept["rearranged"] = rearrange(kept["search"], units, grads, types)
-        seconds["rearrange"] = time.perf_counter() - started
-    final = kept.get("rearranged", kept["search"])
-    mask = mask_without(model, pool - final, neurons)
+        looser = search_at(math.sqrt(target))
+    return searched, looser, LatencySearch(table, target, measured, calibration)
 
-    stages, results = [], {}
-    for stage, units_kept in kept.items():
-        stage_mask = mask_without(model, pool - units_kept, neurons)
+
+def evaluate_stages(evaluator: Evaluator, prunable: Prunable, stages: Dict[str, set], unpruned: Evaluation,
+                    out: Path) -> Tuple[List[dict], Dict[str, Evaluation]]:
+    """Each stage's mask evaluated, its translations saved: stages.csv's rows, and the evaluations by stage."""
+    rows, results = [], {}
+    for stage, kept in stages.items():
+        stage_mask = prunable.mask_keeping(kept)
         results[stage] = evaluator.evaluate(stage_mask)
         save_hypotheses(out, stage, results[stage])
-        stages.append(_stage_row(evaluator, stage, stage_mask, results[stage], unpruned, types, base))
-    scales, stopped = {}, "off"
-    if p.tune:
-        started = time.perf_counter()
-        scales, stopped = tune(session, mask_without(model, pool - looser, neurons), mask, types, batches,
-                               p.tune_max_scale)
-        seconds["tune"] = time.perf_counter() - started
-        results["tuned"] = evaluator.evaluate(mask)
-        stages.append(_stage_row(evaluator, "tuned", mask, results["tuned"], unpruned, types, base))
-    names, sig = list(results), cfg.significance  # each stage against the one before it, on the same sentences
+        rows.append(_stage_row(evaluator, stage, stage_mask, results[stage], unpruned, prunable.types, prunable.base))
+    return rows, results
+
+
+def compare_stages(stages: List[dict], results: Dict[str, Evaluation], sig: DictConfig) -> None:
+    """Each stage's row gets its paired bootstrap against the stage before it, on the same sentences."""
+    names = list(results)
     for row, before, stage in zip(stages[1:], names, names[1:]):
         test = paired_bootstrap(results[before].hypotheses, results[stage].hypotheses, results[stage].references,
                                 sig.resamples or STAGE_RESAMPLES, sig.seed, results[stage].bleu_tokenize)
         row.update(p_vs_previous=round(test["p_value"], 4), significant_vs_previous=test["significant"])
-    result = results["tuned" if p.tune else ("rearranged" if p.rearrange else "search")]
-    save_hypotheses(out, "pruned", result)
 
-    table = pd.DataFrame([{"type": h[0], "layer": h[1], "head": h[2], "fisher": float(importance[i]),
-                           "kept_search": int(h in kept["search"]), "kept": int(h in final),
+
+def write_tables(out: Path, p: DictConfig, prunable: Prunable, scores: FisherScores, chosen: Chosen, scales: dict,
+                 stages: List[dict], mask: dict) -> None:
+    """fisher.csv (each unit's importance, what each stage kept, its scale), stages.csv, head_mask.json."""
+    final, looser = chosen.final, chosen.looser
+    table = pd.DataFrame([{"type": h[0], "layer": h[1], "head": h[2], "fisher": float(scores.importance[i]),
+                           "kept_search": int(h in chosen.stages["search"]), "kept": int(h in final),
                            "teacher": int(h in looser or h in final) if p.tune else None,  # as tune() takes it
                            "scale": scales.get(h, 1.0 if h in final else 0.0)}
-                          for i, h in enumerate(units) if h[0] in types])
+                          for i, h in enumerate(scores.units) if h[0] in prunable.types])
     write_atomic(out / "fisher.csv", table.to_csv(index=False))
     write_atomic(out / "stages.csv", pd.DataFrame(stages).to_csv(index=False))
     write_json(RunDir(out).head_mask, mask)
-    macs = mask_macs(costs, mask, types)
-    head_types = [t for t in types if t not in FFN_TYPES]
-    neuron_pool = pool - head_pool
+
+
+def run_metrics(evaluator: Evaluator, cfg: DictConfig, prunable: Prunable, chosen: Chosen, mask: dict,
+                result: Evaluation, results: Dict[str, Evaluation], unpruned: Evaluation, batches: List[dict],
+                stopped: str, seconds: dict) -> dict:
+    """metrics.json's keys, the export's aside (`result`: the final stage's evaluation)."""
+    p, model, pool, heads = cfg.prune, prunable.model, prunable.pool, prunable.heads
+    macs, base = mask_macs(prunable.costs, mask, prunable.types), prunable.base
+    neuron_pool = pool - heads
     metrics = {
-        "method": "fisher", "layout": p.layout, "split": cfg.split, "types": head_types, "units": list(p.units),
+        "method": "fisher", "layout": p.layout, "split": cfg.split,
+        "types": [t for t in prunable.types if t not in FFN_TYPES], "units": list(p.units),
         "macs_budget": p.macs_budget if p.latency_budget is None else None,
-        "calibration_split": c.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
+        "calibration_split": p.calibration.split, "calibration_sentences": sum(len(b["id"]) for b in batches),
         "rearrange": p.rearrange, "tune": p.tune, "tuning": stopped,
-        **trained.outcome(evaluator, list(p.types), head_pool or pool_of(model, p.types), head_pool - final, mask,
+        **trained.outcome(evaluator, list(p.types), heads or pool_of(model, p.types), heads - chosen.final, mask,
                           result, unpruned),
         **{f"bleu_{stage}": results[stage].bleu for stage in results},
-        **({"neurons_pool": len(neuron_pool), "kept_neurons": len(neuron_pool & final),
+        **({"neurons_pool": len(neuron_pool), "kept_neurons": len(neuron_pool & chosen.final),
             "macs_pool": round(base), "macs_kept": round(macs), "macs_pct": round(100 * macs / base, 2)}
-           if neurons else {"attention_macs_pool": round(base), "attention_macs_kept": round(macs)}),
+           if prunable.neurons else {"attention_macs_pool": round(base), "attention_macs_kept": round(macs)}),
         **{f"seconds_{stage}": round(s, 3) for stage, s in seconds.items()}, "seconds": round(sum(seconds.values()), 3),
-        **session.provenance(),
+        **model_provenance(evaluator.session),
     }
-    # the table's prediction beside the kept mask's measurement (of the searched mask: rearranging and tuning keep every
-    # layer's head count and FFN width, all CTranslate2's latency depends on); without one, the runner measures
-    if p.latency_budget is not None:
-        metrics.update(latency_budget=p.latency_budget, latency_table=latency.key,
-                       latency_pct_predicted=round(100 * predicted_latency(latency, model, mask), 2),
-                       latency_calibration=calibration, latency_target=round(target, 4))
-        if measured is not None:
-            metrics.update(latency_metrics(measured), latency_met=measured <= p.latency_budget)
-    if p.export:
-        metrics.update(write_checked(evaluator, mask, RunDir(out).checkpoint(PRUNED), result))
-    print(pd.DataFrame(stages).to_string(index=False))
-    print(summary(metrics))
+    if chosen.latency is not None:
+        metrics.update(latency_metrics_of(chosen.latency, p.latency_budget, model, mask))
     return metrics
+
+
+def latency_metrics_of(search: LatencySearch, budget: float, model, mask: dict) -> dict:
+    """The table's prediction beside the kept mask's measurement (of the searched mask: rearranging and tuning keep
+    every layer's head count and FFN width, all CTranslate2's latency depends on); without one, the runner
+    measures."""
+    found = {"latency_budget": budget, "latency_table": search.table.key,
+             "latency_pct_predicted": round(100 * predicted_latency(search.table, model, mask), 2),
+             "latency_calibration": search.calibration, "latency_target": round(search.target, 4)}
+    if search.measured is not None:
+        found.update(latency_metrics(search.measured), latency_met=search.measured <= budget)
+    return found
 
 
 def predicted_latency(table, model, mask: dict) -> float:

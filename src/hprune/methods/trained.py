@@ -5,7 +5,6 @@ every such run reports, and the options after it: fine-tuning with the mask fixe
 evaluation.Evaluator: the opened session and how it is measured."""
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -17,7 +16,9 @@ from ..deploy.fairseq_checkpoint import write_checked
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_json
 from ..pruning.heads import kept_columns, layer_floor, mask_without, per_stack_kept, pool_of, scores_by_head
-from ..rundir import LAST, PRUNED, RunDir, save_hypotheses
+from ..registry import shared_with_workers
+from ..rundir import LAST, PRUNED, RunDir, model_provenance, save_hypotheses
+from .training import continue_training_argv, finetune
 
 
 def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: str) -> tuple[Evaluator, float]:
@@ -25,10 +26,10 @@ def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: st
     model, reopened on start's data (its gates still in), and the seconds the training took (this process's
     share, if it resumed)."""
     save = RunDir(out).checkpoints
-    plugins = [entry for entry in os.environ.get("HPRUNE_PLUGINS", "").split(os.pathsep) if entry]
+    plugins = shared_with_workers()
     if plugins:  # a mechanism registered outside hprune: the checkpoint records where it comes from
         options = options + ["--plugin-modules", ",".join(plugins)]
-    argv = start.session.continue_training_argv(save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
+    argv = continue_training_argv(start.session, save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
     started = time.perf_counter()
     backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
     return start.reopen(RunDir(out).checkpoint(LAST)), round(time.perf_counter() - started, 3)
@@ -80,7 +81,7 @@ def metrics(start: Evaluator, cfg: DictConfig, pool: set, closed: set, mask: dic
     p = cfg.prune
     return {
         "method": p.method, "layout": p.layout, "split": cfg.split, "types": list(p.types), "updates": int(p.optim.max_update),
-        "seconds": seconds, **outcome(start, p.types, pool, closed, mask, result, unpruned), **start.session.provenance(),
+        "seconds": seconds, **outcome(start, p.types, pool, closed, mask, result, unpruned), **model_provenance(start.session),
     }
 
 
@@ -90,7 +91,7 @@ def finetune_and_export(start: Evaluator, trained: Evaluator, cfg: DictConfig, m
     pruned checkpoint of the final weights. Their metrics."""
     p, found = cfg.prune, {}
     if p.finetune.updates:
-        trained.session.finetune(mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
+        finetune(trained.session, mask, p.finetune.updates, p.finetune.lr, p.finetune.max_tokens, cfg.seed)
         result = trained.evaluate(mask)
         save_hypotheses(out, "finetuned", result)
         found.update(finetune_updates=p.finetune.updates, bleu_finetuned=result.bleu,

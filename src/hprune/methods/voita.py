@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import backend
 from ..attention_types import check_attention_types
+from ..checkpoint_ref import identify
 from ..errors import UserError
 from ..evaluation import Evaluation, Evaluator
 from ..files import write_atomic
@@ -75,7 +76,7 @@ def check_budget(p: DictConfig, n_heads: int) -> None:
 
 def training_recipe(ckpt: Path) -> DictConfig:
     """The `hprune train` settings ckpt was trained with (its run dir's config)."""
-    run = RunDir.of(ckpt)
+    run = identify(ckpt).run
     recipe = run.config() if run is not None else None
     if recipe is None or recipe.get("verb") != "train":
         raise UserError(f"prune.from_scratch=true needs the `hprune train` run of {ckpt} (no run dir holds it); "

@@ -27,6 +27,67 @@ Head = Tuple[str, int, int]
 Mask = Dict[str, List[List[int]]]
 
 
+class HeadMask(dict):
+    """A head mask as an object a user builds, combines and saves; still the schema's dict, so everything that
+    takes a mask takes it. `a & b` keeps the heads both keep, `a | b` those either keeps (soft values: their
+    minimum, maximum); `without(...)` removes heads (or neurons); `save` writes the head_mask.json the CLI's
+    `mask=` reads."""
+
+    @classmethod
+    def full(cls, model, neurons: bool = False) -> "HeadMask":
+        """Every present head of `model` kept (with neuron rows: every present neuron)."""
+        return cls(mask_without(model, (), neurons))
+
+    @classmethod
+    def read(cls, path: str | Path, model, soft: bool = False) -> "HeadMask":
+        return cls(read_mask(path, layout(model), soft=soft, optional=ffn_layout(model)))
+
+    def without(self, *units: Head) -> "HeadMask":
+        """This mask with `units` ((type, layer, head) each, or Michel's "E:1:3") removed as well."""
+        mask = HeadMask({unit_type: [list(row) for row in rows] for unit_type, rows in self.items()})
+        for unit in units:
+            unit_type, layer, h = from_michel_id(unit) if isinstance(unit, str) else unit
+            if unit_type not in mask or not 0 <= layer < len(mask[unit_type]) or not 0 <= h < len(mask[unit_type][layer]):
+                raise UserError(f"{unit} is not a unit of this mask (its shape: "
+                                f"{ {t: [len(row) for row in rows] for t, rows in self.items()} })")
+            mask[unit_type][layer][h] = 0
+        return mask
+
+    def _combined(self, other: Mask, pick) -> "HeadMask":
+        if {t: [len(row) for row in rows] for t, rows in self.items()} != \
+                {t: [len(row) for row in rows] for t, rows in other.items()}:
+            raise UserError("masks of different shapes cannot be combined (they belong to different models)")
+        return HeadMask({t: [[pick(a, b) for a, b in zip(row, other_row)] for row, other_row in zip(rows, other[t])]
+                         for t, rows in self.items()})
+
+    def __and__(self, other: Mask) -> "HeadMask":
+        return self._combined(other, min)
+
+    def __or__(self, other: Mask) -> "HeadMask":
+        return self._combined(other, max)
+
+    @property
+    def removed(self) -> List[Head]:
+        """The units this mask removes, in the schema's order."""
+        return [(t, layer, h) for t, rows in self.items() for layer, row in enumerate(rows)
+                for h, value in enumerate(row) if not alive(value)]
+
+    @property
+    def kept(self) -> Dict[str, int]:
+        """Units kept per type: {"enc-self": 9, ...}."""
+        return {t: sum(alive(v) for row in rows for v in row) for t, rows in self.items()}
+
+    def save(self, path: str | Path) -> Path:
+        from ..files import write_json
+
+        return write_json(path, dict(self))
+
+    def __repr__(self) -> str:
+        sizes, kept = {t: sum(len(row) for row in rows) for t, rows in self.items()}, self.kept
+        order = sorted(self, key=lambda t: (*ATTENTION_TYPES, *FFN_TYPES).index(t))
+        return "HeadMask(" + ", ".join(f"{t} {kept[t]}/{sizes[t]}" for t in order) + " kept)"
+
+
 def present_heads(model) -> List[Head]:
     """Every head the model still has, in a fixed order (type, layer, original id)."""
     return [(attn_type, layer, h) for attn_type, layer, module in model.attention_modules() for h in module.head_ids]
@@ -141,6 +202,17 @@ def describe_kept(metrics: dict) -> str:
 def michel_id(head: Head) -> str:
     attn_type, layer, h = head
     return f"{MICHEL_PREFIX[attn_type]}:{layer + 1}:{h + 1}"
+
+
+def from_michel_id(head_id: str) -> Head:
+    """(type, layer, head) of Michel et al.'s id ("E:1:3": enc-self, layer 0, head 2)."""
+    types = {prefix: attn_type for attn_type, prefix in MICHEL_PREFIX.items()}
+    try:
+        prefix, layer, h = head_id.split(":")
+        return types[prefix], int(layer) - 1, int(h) - 1
+    except (KeyError, ValueError):
+        raise UserError(f"'{head_id}' is not a head id: Michel et al.'s form is E|D|A:layer:head, 1-based, "
+                        "e.g. E:1:3") from None
 
 
 def heads_to_prune(pool: int, pct: float) -> int:

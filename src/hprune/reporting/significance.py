@@ -10,11 +10,11 @@ but no difference is never marked significant.
 from __future__ import annotations
 
 import os
-import re
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Sequence
 
-DEFAULT_TOKENIZE = "13a"  # sacreBLEU's default; a data set's `bleu_tokenize` may choose another (none: its tokens)
+from ..bleu import DEFAULT_TOKENIZE
+
 DEFAULT_RESAMPLES = 1000
 DEFAULT_SEED = 12345
 ALPHA = 0.05
@@ -33,18 +33,12 @@ def _sacrebleu_seed(seed: int) -> Iterator[None]:
             os.environ["SACREBLEU_SEED"] = previous
 
 
-def tokenize_of(signature: Optional[str]) -> str:
-    """sacreBLEU's tokenization named in a BLEU signature (`...|tok:13a|...`); 13a where none is."""
-    found = re.search(r"tok:([\w.-]+)", signature or "")
-    return found.group(1) if found else DEFAULT_TOKENIZE
-
-
 def paired_bootstrap(reference_system: Sequence[str], system: Sequence[str], references: Sequence[str],
                      resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
                      tokenize: str = DEFAULT_TOKENIZE) -> dict:
     """BLEU of `system` against `reference_system` (both translations of `references`, line by line): the two
     scores, their bootstrap means and 95 % half-widths, the difference, its p-value and whether p < 0.05.
-    `tokenize`: sacreBLEU's tokenization, as the runs' BLEU was computed (tokenize_of their signature)."""
+    `tokenize`: sacreBLEU's tokenization, as the runs' BLEU was computed (bleu.tokenize_of their signature)."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 

@@ -14,10 +14,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..bleu import tokenize_of
 from ..errors import UserError
 from ..rundir import RunDir
 from .collect import SCORING_KEYS, Collection
-from .significance import paired_bootstrap, tokenize_of
+from .significance import paired_bootstrap
 
 GROUP = ["checkpoint", "types"]  # one comparison: the same model, the same pool of heads
 P_VALUE_COLUMNS = ("p@", "p_")

@@ -22,25 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..console import quiet_console
 from ..errors import UserError, as_interrupted
-from ..files import git_sha, run_dir, write_json
+from ..files import write_json
 from ..launch import check_verb, is_rank_zero
-from ..rundir import RunDir
+from ..rundir import RunDir, provenance, run_dir
 
 CONFIG_PATH = "pkg://hprune_configs"
 # what to say when a mandatory setting is left out
 MISSING = {"ckpt": "which model? pass ckpt=<a train run dir or a .pt checkpoint>, e.g. ckpt=outputs/demo",
            "runs": "which runs? give their folder(s): `hprune report outputs/` (or runs=[DIR,...])"}
-
-
-def provenance(cfg: DictConfig) -> dict:
-    """The metrics.json keys every measuring verb shares (a session adds the model's: checkpoint, data_bin, ...)."""
-    keys = {"verb": cfg.verb, "git_sha": git_sha()}
-    for key in ("seed", "precision"):
-        if key in cfg:
-            keys[key] = cfg[key]
-    if cfg.get("data") is not None:
-        keys["data"] = cfg.data.name
-    return keys
 
 
 def check_missing(cfg: DictConfig) -> None:

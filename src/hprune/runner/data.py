@@ -1,6 +1,6 @@
 """`hprune data prepare data=...`: build the binarized data set into the cache (or find it there).
 `hprune data fetch published=NAME`: download and unpack one of fairseq's published models.
-`hprune data fetch hf=ORG/NAME`: download a Hugging Face Hub translation model (FSMT, Marian)."""
+`hprune data fetch hf=ORG/NAME`: download a Hugging Face Hub translation model (FSMT, Marian, M2M100/NLLB-200, mBART-50)."""
 from __future__ import annotations
 
 import logging

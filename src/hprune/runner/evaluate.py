@@ -6,31 +6,30 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ..files import run_dir, write_atomic
+from ..files import write_atomic
 from ..pruning.heads import is_soft, kept_columns
+from ..rundir import model_provenance, run_dir
 from . import hydra_app
 
 
 def evaluate(cfg: DictConfig) -> dict:
-    from ..evaluation import Evaluator
-    from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
+    from ..api import Model
 
-    session = Session.open(cfg)
-    evaluator = Evaluator.of(session, cfg)
+    model = Model.from_config(cfg)
+    session = model.session
     # None: no mask at all (no multiply by ones); values between 0 and 1 scale their heads' outputs
     mask = session.read_mask(cfg.mask, soft=True) if cfg.mask else None
     out = run_dir()
-    with session.masked(mask):
-        result, quality = evaluator.translate()
-        costs, expert_load = evaluator.costs()
-    if not expert_load.empty:
-        write_atomic(out / "expert_load.csv", expert_load.to_csv(index=False))
+    result = model.evaluate(mask, costs=True)
+    if not result.expert_load.empty:
+        write_atomic(out / "expert_load.csv", result.expert_load.to_csv(index=False))
     metrics = {
-        "split": cfg.split, "test_set": session.test_set(cfg.split), **quality.columns(),
-        "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen, **costs, **kept_columns(mask or session.unpruned_mask()),
-        "mask": cfg.mask, "mask_soft": mask is not None and is_soft(mask), "sentences": result.sentences,
-        "sentences_per_s": round(result.sentences / result.seconds, 2),
-        "tokens_per_s": round(result.tokens / result.seconds, 1), **session.provenance(),
+        "split": cfg.split, "test_set": session.test_set(cfg.split), "bleu": result.bleu,
+        "bleu_signature": result.bleu_signature, "chrf": result.chrf, "chrf_signature": result.chrf_signature,
+        "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen, **result.costs,
+        **kept_columns(mask or session.unpruned_mask()), "mask": cfg.mask,
+        "mask_soft": mask is not None and is_soft(mask), "sentences": result.sentences,
+        "sentences_per_s": result.sentences_per_s, "tokens_per_s": result.tokens_per_s, **model_provenance(session),
     }
     write_atomic(out / f"hypotheses.{cfg.split}.txt", "".join(h + "\n" for h in result.hypotheses))
     print(f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  ({result.sentences} sentences, "

@@ -1,28 +1,21 @@
 """`hprune export ckpt=PATH [mask=head_mask.json] format=ctranslate2|fairseq`: the model, with the masked heads
 physically removed, in a runtime's format (deploy/: one exporter per format, which checks, writes, verifies and
-measures it). An export that computes otherwise than the masked model is one line, nothing written."""
+measures it), through the library's Model.export. An export that computes otherwise than the masked model is one
+line, nothing written."""
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ..deploy import get_exporter
-from ..files import run_dir
-from ..pruning.heads import kept_columns
+from ..rundir import run_dir
 from . import hydra_app
 
 
 def export(cfg: DictConfig) -> dict:
-    from ..evaluation import Evaluator
-    from ..session import Session  # imports fairseq, which fills Hydra's config store: only once composed
+    from ..api import Model, checked_exporter
 
-    exporter = get_exporter(cfg.format, cfg.get("format_module"))
-    if exporter.check is not None:
-        exporter.check(cfg)
-    session = Session.open(cfg)
-    mask = session.fold_mechanisms(session.read_mask(cfg.mask) if cfg.mask else None) or session.unpruned_mask()
-    metrics = {"format": cfg.format, "mask": cfg.mask, **kept_columns(mask), **session.provenance()}
-    metrics.update(exporter.export(Evaluator.of(session, cfg), mask, run_dir(), cfg))
-    return metrics
+    checked_exporter(cfg)  # bad settings refused before the model is opened
+    model = Model.from_config(cfg)
+    return model.export(run_dir(), model.session.read_mask(cfg.mask) if cfg.mask else None, cfg=cfg)
 
 
 main = hydra_app("export")(export)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
-from ..files import run_dir
 from ..reporting.report import build
+from ..rundir import run_dir
 from . import hydra_app
 
 

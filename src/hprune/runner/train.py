@@ -7,10 +7,9 @@ from omegaconf import DictConfig, open_dict
 
 from ..data.prepare import bin_dir, bind, prepare
 from ..errors import UserError
-from ..files import run_dir
 from ..launch import is_rank_zero
 from ..pruning.heads import read_mask
-from ..rundir import BEST, LAST, RunDir
+from ..rundir import BEST, LAST, RunDir, run_dir
 from . import hydra_app
 
 

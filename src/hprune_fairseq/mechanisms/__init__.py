@@ -7,15 +7,18 @@ A mechanism puts a `gate` on the attention modules it acts on: an object that, c
 per unit present (noisy in training) and whose `deterministic()` gives the test-time values. The model folds
 any gate the same way (HeadUnits.fold_gate), so export, loading and CTranslate2 ask the model for its mechanisms
 instead of naming them. hprune's: Hard Concrete gates (gates.py, Voita et al.) and subset selection (subset.py,
-DSP). A mechanism kept outside hprune registers itself when its module is imported: name the module in
-HPRUNE_PLUGINS (os.pathsep-separated module names or .py paths; hprune sets it for the methods it imports,
-so fairseq's workers import them too), and the models built with it record it (`--plugin-modules`)."""
+DSP), found on their own (MECHANISMS, hprune's registry.Registry, imports every module of this package once,
+before any plugin's). A mechanism kept outside hprune registers itself when its module is imported: name the
+module in HPRUNE_PLUGINS (os.pathsep-separated module names or .py paths; hprune sets it for the methods it
+imports, so fairseq's workers import them too), and the models built with it record it (`--plugin-modules`)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from torch import Tensor
+
+from hprune.registry import Registry, module_summary
 
 
 class Mechanism:
@@ -60,14 +63,11 @@ class Mechanism:
         """Drop what it added to the model besides the gates (buffers, selectors), once they are folded."""
 
 
-MECHANISMS: Dict[str, Mechanism] = {}
+MECHANISMS: Registry[Mechanism] = Registry("pruning mechanism", package=__name__)
 
 
 def register_mechanism(mechanism: Mechanism) -> Mechanism:
-    if mechanism.name in MECHANISMS and type(MECHANISMS[mechanism.name]) is not type(mechanism):
-        raise ValueError(f"mechanism '{mechanism.name}' is registered twice")
-    MECHANISMS[mechanism.name] = mechanism
-    return mechanism
+    return MECHANISMS.add(mechanism.name, mechanism, module_summary(type(mechanism)))
 
 
 def present(model) -> List[Mechanism]:
@@ -80,4 +80,4 @@ def gated_modules(model) -> Iterator[tuple]:
     return ((attn_type, layer, m) for attn_type, layer, m in model.attention_modules() if m.gate is not None)
 
 
-from . import gates, subset  # noqa: E402,F401  (hprune's own mechanisms register themselves)
+MECHANISMS.scan()  # hprune's own register themselves first, so their flags and logged values keep their order
