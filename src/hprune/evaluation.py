@@ -129,7 +129,7 @@ class Evaluator:
         return "moses" if self.session.data.get("tokenizer") == "moses" else None  # null/none: nothing to undo
 
     def references(self, split: str, sentences: int) -> List[str]:
-        return read_references(self.session.raw_file(f"{split}.{self.session.data.tgt_lang}"), sentences)
+        return read_references(self.session.prepared.raw_file(f"{split}.{self.session.data.tgt_lang}"), sentences)
 
     def score_symbols(self, hypotheses: List[List[str]], split: str) -> Tuple[List[str], Quality]:
         """Another runtime's translations of a split, as target symbols: their text as `translate` writes it, and

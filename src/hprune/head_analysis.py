@@ -49,7 +49,7 @@ def read_alignments(cfg: DictConfig, session) -> tuple:
     their file, their source)."""
     if cfg.alignments == "eflomal":
         return (*eflomal_reference(cfg, session), "eflomal")
-    path = Path(cfg.alignments) if cfg.alignments else session.raw_file(f"{cfg.split}.align")
+    path = Path(cfg.alignments) if cfg.alignments else session.prepared.raw_file(f"{cfg.split}.align")
     if cfg.alignments and not path.exists():
         raise UserError(f"alignments file {path} does not exist; pass alignments=<Pharaoh file: i-j links, one line "
                         f"a sentence of {cfg.split}> or alignments=eflomal")
@@ -94,7 +94,7 @@ def analyze(session, cfg: DictConfig, out: Path) -> dict:
     model = session.model
     # gold arcs: arcs=FILE, else the data set's own (the synthetic task has them); without any, syntactic roles
     # are not measured (a WMT test set has no parses) and say so
-    arcs_path = Path(cfg.arcs) if cfg.arcs else session.raw_file(f"{cfg.split}.arcs.jsonl")
+    arcs_path = Path(cfg.arcs) if cfg.arcs else session.prepared.raw_file(f"{cfg.split}.arcs.jsonl")
     arcs = read_arcs(arcs_path) if cfg.arcs or arcs_path.exists() else None
     alignments, alignments_path, alignments_source = read_alignments(cfg, session)
     mask = session.read_mask(cfg.mask) if cfg.mask else None

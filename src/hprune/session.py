@@ -1,12 +1,14 @@
-"""An opened model: a checkpoint with its data, task, criterion and device, and what can be done to it.
+"""An opened model: a checkpoint with its data, task, criterion and device, its masks and its batches.
 
-Every verb that works on a model starts with `Session.open(cfg)` (resolve the checkpoint, resolve the data kind
-once and prepare the data, load the model safely) and then asks the session for the model, its masks (a mask
-held for a while, the previous one put back), its batches and sentences, fine-tuning with a mask held fixed, a
-physically pruned copy, another checkpoint on the same data, and the provenance keys of metrics.json. Measuring
-it (translate, score, losses, costs) is evaluation.py's, under settings of its own. The session reads only the
-opening settings of a verb's config (ckpt, data, paths, device, precision, tensorboard); fairseq's objects are
-reached through the backend.
+Every verb that works on a model starts with `Session.open(cfg)` (the checkpoint reference resolved once by
+checkpoint_ref.resolve, the data kind resolved once and the data prepared, the model loaded safely) and then
+asks the session for the model, its masks (a mask held for a while, the previous one put back), its batches and
+sentences, a physically pruned copy, and another checkpoint on the same data (reopen); `prepared` is the data set
+beside it (raw text, test sets, subword files). What is done with it lives where it belongs: measuring it
+(translate, score, losses, costs) in evaluation.py, fine-tuning and training flags in methods/training.py, its
+latency in deploy/latency.py, the provenance keys of metrics.json in rundir.py, and the library's verbs in
+api.py. The session reads only the opening settings of a verb's config (ckpt, data, paths, device, precision,
+tensorboard); fairseq's objects are reached through the backend.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from omegaconf import DictConfig
 from . import backend
 from .checkpoint_ref import CheckpointRef, resolve
 from .data.kinds import DataKind, get_kind
-from .data.prepare import model_languages, prefixes, prepare, test_set_of
+from .data.prepare import PreparedData, model_languages, prefixes, prepare
 from .pruning.heads import Mask, ffn_layout, kept_ids, layout, mask_without, read_mask
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ class Session:
         self.loaded.target_prefix = prefixes(data)[1]
         self.precision, self.tensorboard = precision, tensorboard
         self.kind = kind or get_kind(data)
+        self.prepared = PreparedData(data, data_bin, self.kind)  # its raw text, test sets and subword files
         self._criterion = criterion
         self._mask: Optional[Mask] = None
 
@@ -121,10 +124,6 @@ class Session:
         """The architecture a stock or imported checkpoint was converted from (None: an hprune model)."""
         return self.loaded.imported_from
 
-    def text_step(self) -> Optional[str]:
-        """What the data kind does to a line of text before its subwords (data/processing.py's step), or None."""
-        return self.kind.text_step(self.data) if self.kind.text_step else None
-
     @property
     def criterion(self):
         """The training criterion recorded in the checkpoint (built at first use)."""
@@ -196,20 +195,6 @@ class Session:
     def source_tokens(self, split: str) -> list[list[str]]:
         """The source side of a split as the model's tokens (no eos), in sentence order."""
         return [source for source, _ in self.sentence_pairs(split)]
-
-    def raw_file(self, name: str) -> Path:
-        """A file of the prepared data set's raw/ folder: `<split>.<lang>` (the references are the target
-        side's), and what a kind writes beside them (`<split>.align`, `<split>.arcs.jsonl`)."""
-        return self.data_bin.parent / "raw" / name
-
-    def test_set(self, split: str) -> Optional[str]:
-        return test_set_of(self.data_bin, split)
-
-    def subword_files(self) -> list[Path]:
-        """The files that turn text into the model's tokens (the data kind's: a published or imported model's
-        codes or sentencepiece models, the BPE codes or sentencepiece model hprune learnt for a WMT data set;
-        data sets prepared before issue 27 lack the copy: prepare them again); none for the others."""
-        return [] if self.kind.subwords is None else self.kind.subwords(self.data, self.data_bin.parent)
 
     # ---------------------------------------------------------------------------------------- changing
     def pruned_copy(self, mask: Mask) -> torch.nn.Module:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import DictConfig
 
@@ -108,3 +109,30 @@ def test_set_of(data_bin: Path, split: str) -> str | None:
     """The sacreBLEU test set behind a split of a prepared WMT data set (e.g. test -> wmt14/full), else None."""
     summary = Path(data_bin).parent / "data.json"
     return json.loads(summary.read_text()).get("test_sets", {}).get(split) if summary.exists() else None
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A prepared data set as the verbs read it beside a model: its raw text, the test sets it holds, and what
+    turns a user's text into the model's tokens (the data kind's)."""
+    settings: DictConfig  # the data config, bound to the model
+    bin_dir: Path
+    kind: DataKind
+
+    def raw_file(self, name: str) -> Path:
+        """A file of the raw/ folder: `<split>.<lang>` (the references are the target side's), and what a kind
+        writes beside them (`<split>.align`, `<split>.arcs.jsonl`)."""
+        return self.bin_dir.parent / "raw" / name
+
+    def test_set(self, split: str) -> Optional[str]:
+        return test_set_of(self.bin_dir, split)
+
+    def subword_files(self) -> List[Path]:
+        """The files that turn text into the model's tokens (a published or imported model's codes or
+        sentencepiece models, the BPE codes or sentencepiece model hprune learnt for a WMT data set; data sets
+        prepared before issue 27 lack the copy: prepare them again); none for the other kinds."""
+        return [] if self.kind.subwords is None else self.kind.subwords(self.settings, self.bin_dir.parent)
+
+    def text_step(self) -> Optional[str]:
+        """What the kind does to a line of text before its subwords (data/processing.py's step), or None."""
+        return self.kind.text_step(self.settings) if self.kind.text_step else None

@@ -566,7 +566,7 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     spec = model_spec(model, session.model_config, *session.dictionaries)  # what it cannot hold: now
     dest = out / "ctranslate2"
     shutil.rmtree(dest, ignore_errors=True)  # an export run again into the same run dir is written anew
-    subwords = session.subword_files()
+    subwords = session.prepared.subword_files()
     checked_on = CheckedSplit.of(session, cfg)
     with session.masked(mask):  # hprune's beam search on the masked model, the same split and settings
         masked, hprune_quality = evaluator.translate()  # (BLEU only: no validation loss needed here)
@@ -637,7 +637,7 @@ def write_usage(staging: Path, session, subwords: List[Path], cfg) -> None:
     """The subword files beside the model, and the README that says how to use them with it."""
     for path in subwords:
         shutil.copy(path, staging / path.name)
-    text_step = session.text_step()
+    text_step = session.prepared.text_step()
     write_atomic(staging / "README.md",
                  readme(session.data, [p.name for p in subwords], cfg.quantization, session.prefixes, text_step,
                         cfg.generation, min(256, session.max_target_positions - 1)))

@@ -24,7 +24,7 @@ def evaluate(cfg: DictConfig) -> dict:
     if not result.expert_load.empty:
         write_atomic(out / "expert_load.csv", result.expert_load.to_csv(index=False))
     metrics = {
-        "split": cfg.split, "test_set": session.test_set(cfg.split), "bleu": result.bleu,
+        "split": cfg.split, "test_set": session.prepared.test_set(cfg.split), "bleu": result.bleu,
         "bleu_signature": result.bleu_signature, "chrf": result.chrf, "chrf_signature": result.chrf_signature,
         "beam": cfg.generation.beam, "lenpen": cfg.generation.lenpen, **result.costs,
         **kept_columns(mask or session.unpruned_mask()), "mask": cfg.mask,
