@@ -37,6 +37,8 @@ def group_options(config_name: str, group: str, args: list[str]) -> list[str]:
         with initialize_config_module(config_module="hprune_configs", version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()
             return sorted(loader.get_group_options(group, config_name=config_name, overrides=searchpath))
+    except Exception:  # a malformed searchpath: none found here, and check_overrides says what is wrong in one line
+        return []
     finally:
         GlobalHydra.instance().clear()
 

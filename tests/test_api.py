@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -72,6 +73,10 @@ def test_masks_are_objects_to_build_combine_and_check(model):
     assert (a & b).removed == [("enc-self", 0, 1), ("dec-self", 1, 3), ("dec-enc", 1, 0)]  # both keep
     assert (a | b).removed == [("enc-self", 0, 1)]  # either keeps
     assert full.removed == [] and isinstance(a, dict)  # the schema's dict: every verb takes it
+    assert (dict(a) | b).removed == (a | b).removed and (dict(a) & b).removed == (a & b).removed
+    either = hprune.HeadMask(a)
+    either |= b  # combines heads (a dict's |= would merge keys)
+    assert either.removed == [("enc-self", 0, 1)]
     with pytest.raises(UserError, match="not a unit of this mask"):
         full.without(("enc-self", 5, 0))
     with pytest.raises(UserError, match="not a head id"):
@@ -118,10 +123,20 @@ def test_settings_are_the_clis_and_a_bad_one_is_one_line(model, trained_run):
     assert model.config("analyze").split == "valid"  # (generation.* of open() where the verb has it)
     with pytest.raises(UserError, match="no_such_key"):
         hprune.open(trained_run, no_such_key=1)
+    with pytest.raises(UserError, match="device open the model: give them to hprune.open"):
+        model.prune("fisher", "unused", device="cpu")  # (the model is opened once)
+    with pytest.raises(UserError, match="given to each call"):
+        hprune.open(trained_run, mask="head_mask.json")
+    assert model._prune_settings({"optim.lr": 0.1, "generation.beam": 2, "tune": False}) == \
+        {"prune.optim.lr": 0.1, "generation.beam": 2, "prune.tune": False}  # voita's optim is the method's
+    encoder = model.scores("random", types=["enc-self"])  # the pool is prune.types', as the curve's
+    assert len(encoder.table) == 12 and set(encoder.table["type"]) == {"enc-self"}
+    assert [unit[0] for unit in encoder.mask(pct=50).removed] == ["enc-self"] * 6
     with pytest.raises(UserError, match="procedure, not an order"):
         model.scores("voita")
-    assert hprune.api.hydra_value(["a'b", None, True, 1.5, Path("/x=y"), "4", "true", "runs/a-b.c"]) == \
-        "['a\\'b',null,true,1.5,'/x=y','4','true',runs/a-b.c]"
+    assert hprune.api.hydra_value(["a'b", None, True, 1.5, Path("/x=y"), "4", "true", "runs/a-b.c", ".5",
+                                   np.float64(0.5), np.int64(3), "C:\\data"]) == \
+        "['a\\'b',null,true,1.5,'/x=y','4','true',runs/a-b.c,'.5',0.5,3,'C:\\data']"
 
 
 def test_the_notebook_asks_the_demos_questions_and_its_answers_hold(trained_run, evaluated_run, tmp_path):
@@ -148,3 +163,40 @@ def test_the_notebook_asks_the_demos_questions_and_its_answers_hold(trained_run,
     assert json.loads((tmp_path / "fisher" / "mask_copy.json").read_text()) == fisher.mask
     exported = ns["exported"]
     assert exported["translations_differ"] <= 0.05 * ns["unpruned"].sentences
+
+
+def test_a_model_changed_in_place_is_put_back_and_one_whose_structure_changed_is_opened_again():
+    """Model._unchanged, on a stand-in session: weights and mask put back; a model whose modules changed (a gated
+    model's gates folded by an export) reopened from its checkpoint."""
+    import torch
+
+    class Stand:
+        def __init__(self, gated: bool):
+            self.model, self.mask, self.checkpoint, self.reopened = torch.nn.Linear(2, 2), None, Path("c.pt"), False
+            if gated:
+                self.model.gate = torch.nn.Parameter(torch.ones(1))
+
+        def state(self):
+            return {k: v.clone() for k, v in self.model.state_dict().items()}
+
+        def load_state(self, state):
+            self.model.load_state_dict(state)
+
+        def set_mask(self, mask):
+            self.mask = mask
+
+        def reopen(self, ckpt):
+            fresh = Stand(gated=True)
+            fresh.reopened = ckpt
+            return fresh
+
+    model = hprune.Model(Stand(gated=False), None, {})
+    before = model.session.state()
+    with model._unchanged(True):
+        model.session.model.weight.data.mul_(3)
+        model.session.set_mask({"enc-self": [[0]]})
+    assert torch.equal(model.session.model.weight, before["weight"]) and model.session.mask is None
+    model = hprune.Model(Stand(gated=True), None, {})
+    with model._unchanged(True):
+        del model.session.model.gate  # folded
+    assert model.session.reopened == Path("c.pt") and hasattr(model.session.model, "gate")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .errors import UserError
 from .pruning.heads import HeadMask, Mask, check_layout, extend_pruned, heads_to_prune, michel_id, ranked
@@ -41,10 +41,17 @@ def open(ckpt: str | Path, **settings) -> "Model":  # noqa: A001  (hprune.open, 
     published name), opened on its data with `settings` (the CLI's overrides)."""
     from .checkpoint_ref import identify
 
+    if "mask" in settings:
+        raise UserError("a mask is given to each call (model.evaluate(mask), analyze(out, mask), export(out, mask)), "
+                        "not to hprune.open")
+    settings = dict(settings)
+    tensorboard = bool(settings.pop("tensorboard", False))
     overrides = {"ckpt": str(ckpt), **settings}
     if "data" not in settings and identify(ckpt).brings_its_data:  # as the CLI: a model with its own vocabulary
         overrides["data"] = "pretrained"
     cfg = compose("eval", overrides)
+    with open_dict(cfg):  # (fairseq's TensorBoard logs of the trainings a method runs: eval's config lacks the key)
+        cfg.tensorboard = tensorboard
     return Model.from_config(cfg, overrides)
 
 
@@ -81,6 +88,8 @@ def _own_hydra() -> Iterator[None]:
 
 def hydra_value(value) -> str:
     """A Python value in Hydra's override grammar (a string quoted where Hydra would read it otherwise)."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a numpy or torch scalar
+        value = value.item()
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -92,9 +101,18 @@ def hydra_value(value) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
-    if re.fullmatch(r"[A-Za-z_/.][A-Za-z0-9_./@+-]*", text) and text.lower() not in ("true", "false", "null", "nan", "inf"):
+    if re.fullmatch(r"[A-Za-z_/.][A-Za-z0-9_./@+-]*", text) and not _reads_as_other(text):
         return text  # as a user would type it (read back as the same string)
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return "'" + text.replace("'", "\\'") + "'"  # (Hydra keeps a backslash as it is, but before a quote)
+
+
+def _reads_as_other(text: str) -> bool:
+    """Whether Hydra reads `text` unquoted as something else than the string: a number, a bool, null."""
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return text.lower() in ("true", "false", "null", "nan", "inf")
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -180,8 +198,13 @@ class Model:
         return compose(verb, self._settings(verb, settings))
 
     def _settings(self, verb: str, settings: dict) -> dict:
+        opening = sorted(k for k in settings if k.split(".")[0] in OPENING)
+        if opening:
+            raise UserError(f"{', '.join(opening)} open the model: give them to hprune.open (the model is opened "
+                            "once, on its data and device), and open it again to change them")
         bare = compose(verb, {"ckpt": self.settings.get("ckpt", str(self.session.checkpoint))})
-        fitting = {k: v for k, v in self.settings.items() if k.split(".")[0] in bare or k in GROUPS}
+        fitting = {k: v for k, v in self.settings.items()
+                   if (k.split(".")[0] in bare or k in GROUPS) and k.split(".")[0] not in PER_CALL}
         return {"ckpt": str(self.session.checkpoint), **fitting, **settings}
 
     def _run(self, verb: str, out: str | Path, settings: dict, cfg: Optional[DictConfig], work) -> dict:
@@ -223,14 +246,21 @@ class Model:
     # -------------------------------------------------------------------------------------- prune
     def scores(self, order: str = "michel", mask: Optional[Mask] = None, **settings) -> HeadScores:
         """A registered order's head scores (methods/: michel, confidence, lrp, magnitude, random, ... or your
-        own), computed under `mask`, with the order's settings (`prune.<key>` of its yaml)."""
+        own) of the heads of `prune.types`, computed under `mask` (which conditions the scores only), with the
+        order's settings (`prune.<key>` of its yaml), checked as `hprune prune` checks them."""
         from .methods import get_method
-        from .methods.curve import head_scores
+        from .methods.curve import check_pool, head_scores
+        from .pruning.heads import pool_of
 
         cfg = self.config("prune", **{"prune": order, **self._prune_settings(settings)})
         if get_method(order, cfg.prune.get("module")).procedure:
             raise UserError(f"{order} is a procedure, not an order: run it with .prune('{order}', folder)")
+        checked_method(cfg)
+        pool = pool_of(self.module, cfg.prune.types)
+        check_pool(self.module, cfg.prune, [order], [0], pool)
         table = ranked(head_scores(self.session, cfg, order, mask))
+        table = table[[h in pool for h in table[["type", "layer", "head"]].itertuples(index=False, name=None)]]
+        table = ranked(table.drop(columns="rank"))
         table.insert(3, "id", [michel_id(h) for h in table[["type", "layer", "head"]].itertuples(index=False, name=None)])
         return HeadScores(order, table, HeadMask.full(self.module), cfg.prune.get("min_heads_per_layer", 0),
                           cfg.prune.layout)
@@ -250,7 +280,7 @@ class Model:
         return Pruned(method, Path(out), metrics, HeadMask.read(mask_file, self.module) if mask_file.exists() else None)
 
     def _prune_settings(self, settings: dict) -> dict:
-        top = set(compose("prune", {"ckpt": "-"}).keys()) | GROUPS
+        top = set(compose("prune", {"ckpt": "-"}).keys()) | {"hydra"} | OPENING
         return {k if k.split(".")[0] in top else f"prune.{k}": v for k, v in settings.items()}
 
     def _add_latency(self, cfg: DictConfig, metrics: dict, mask: Mask) -> None:
@@ -307,8 +337,12 @@ class Model:
         try:
             yield
         finally:
-            self.session.load_state(state)
-            self.session.set_mask(mask)
+            if set(self.session.model.state_dict()) == set(state):
+                self.session.load_state(state)
+                self.session.set_mask(mask)
+            else:  # folded (a gated model's gates are gone): the checkpoint opened again
+                self.session = self.session.reopen(self.session.checkpoint)
+                self.session.set_mask(mask)
 
 
 def checked_method(cfg: DictConfig):
@@ -336,6 +370,8 @@ def checked_exporter(cfg: DictConfig):
 
 
 GROUPS = {"data", "generation", "paths", "measure", "prune", "model", "optim", "experiment", "distributed"}
+OPENING = {"ckpt", "data", "paths", "device", "precision", "tensorboard"}  # what the session was opened with
+PER_CALL = {"mask"}  # a call's own (evaluate(mask), export(out, mask), analyze(out, mask)), never carried over
 
 
 def latency_of(session, cfg: DictConfig, mask: Mask) -> dict:

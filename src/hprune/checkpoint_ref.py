@@ -17,8 +17,9 @@ A reference is one of these forms:
 `identify(ckpt)` tells which from the files here alone: no download, no import, no refusal. The command line asks
 it before Hydra (a reference that brings its own data settings needs no data=). `resolve(ckpt, models_root,
 data_root)` also fetches and imports, refuses what no verb can read, and names the checkpoint file. Both give a
-CheckpointRef; the session and the methods read it instead of looking at `ckpt` again. Light to import (the
-CLI does): the downloads and the import are imported when a reference needs them.
+CheckpointRef; the CLI, hprune.open, the session (Session.open resolves) and Voita's recipe lookup ask it
+instead of looking at `ckpt` again. Light to import (the CLI does): the downloads and the import are imported
+when a reference needs them.
 """
 from __future__ import annotations
 

@@ -3,9 +3,10 @@ format, each describing itself. An exporter checks the settings it needs before 
 then writes the model with the masked heads physically removed, verifies it against hprune's model under the
 same mask before anything is kept, measures it, and returns its metrics (`export(evaluator, mask, out, cfg)`,
 the evaluator an evaluation.Evaluator of the opened model). `hprune export format=NAME` only orchestrates
-(runner/export.py). A format is one module here (found on its own: EXPORTERS, a registry.Registry, imports each
-once) and, where it has settings of its own, `configs/export/<format>.yaml` (the config group `format=` selects:
-docs/development.md, "Extensions"); one kept outside hprune is imported from `format_module=`.
+(api.Model.export, which runner/export.py and hprune.open's model call). A format is one module here (found on
+its own: EXPORTERS, a registry.Registry, imports each once) and, where it has settings of its own,
+`configs/export/<format>.yaml` (the config group `format=` selects: docs/development.md, "Extensions"); one kept
+outside hprune is imported from `format_module=`.
 """
 from __future__ import annotations
 

@@ -627,7 +627,7 @@ def run_metrics(evaluator: Evaluator, cfg: DictConfig, prunable: Prunable, chose
 
 def latency_metrics_of(search: LatencySearch, budget: float, model, mask: dict) -> dict:
     """The table's prediction beside the kept mask's measurement (of the searched mask: rearranging and tuning keep
-    every layer's head count and FFN width, all CTranslate2's latency depends on); without one, the runner
+    every layer's head count and FFN width, all CTranslate2's latency depends on); without one, Model.prune
     measures."""
     found = {"latency_budget": budget, "latency_table": search.table.key,
              "latency_pct_predicted": round(100 * predicted_latency(search.table, model, mask), 2),

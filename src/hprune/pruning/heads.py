@@ -66,6 +66,10 @@ class HeadMask(dict):
     def __or__(self, other: Mask) -> "HeadMask":
         return self._combined(other, max)
 
+    # (a dict's own | merges keys: a mask on either side, or |=, combines heads instead)
+    __ror__ = __ior__ = __or__
+    __rand__ = __iand__ = __and__
+
     @property
     def removed(self) -> List[Head]:
         """The units this mask removes, in the schema's order."""
