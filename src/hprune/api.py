@@ -238,7 +238,7 @@ class Model:
         split = split or evaluator.measure.split
         with self.session.masked(mask):
             result, quality = evaluator.translate(split)
-            measured, load = evaluator.costs() if costs else ({}, pd.DataFrame())
+            measured, load = evaluator.costs(split) if costs else ({}, pd.DataFrame())
         return Translation(split, quality.bleu, quality.chrf, quality.bleu_signature, quality.chrf_signature,
                            result.sentences, result.tokens, result.seconds, result.hypotheses,
                            evaluator.references(split, result.sentences), measured, load)
