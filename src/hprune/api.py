@@ -19,6 +19,7 @@ The CLI's verbs open their model through `Model.from_config` and call the same m
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import re
 from dataclasses import dataclass, field
@@ -69,6 +70,12 @@ def compose(verb: str, settings: dict) -> DictConfig:
             return hydra_compose(verb, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise UserError(f"hprune {verb}: {str(err).strip().splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def verb_keys(verb: str) -> frozenset:
+    """The top-level keys of the verb's config as its files compose it (composed once a process)."""
+    return frozenset(compose(verb, {"ckpt": "-"}).keys())
 
 
 @contextlib.contextmanager
@@ -202,9 +209,8 @@ class Model:
         if opening:
             raise UserError(f"{', '.join(opening)} open the model: give them to hprune.open (the model is opened "
                             "once, on its data and device), and open it again to change them")
-        bare = compose(verb, {"ckpt": self.settings.get("ckpt", str(self.session.checkpoint))})
         fitting = {k: v for k, v in self.settings.items()
-                   if (k.split(".")[0] in bare or k in GROUPS) and k.split(".")[0] not in PER_CALL}
+                   if (k.split(".")[0] in verb_keys(verb) or k in GROUPS) and k.split(".")[0] not in PER_CALL}
         return {"ckpt": str(self.session.checkpoint), **fitting, **settings}
 
     def _run(self, verb: str, out: str | Path, settings: dict, cfg: Optional[DictConfig], work) -> dict:
@@ -258,9 +264,8 @@ class Model:
         checked_method(cfg)
         pool = pool_of(self.module, cfg.prune.types)
         check_pool(self.module, cfg.prune, [order], [0], pool)
-        table = ranked(head_scores(self.session, cfg, order, mask))
-        table = table[[h in pool for h in table[["type", "layer", "head"]].itertuples(index=False, name=None)]]
-        table = ranked(table.drop(columns="rank"))
+        scores = head_scores(self.session, cfg, order, mask)
+        table = ranked(scores[[h in pool for h in scores[["type", "layer", "head"]].itertuples(index=False, name=None)]])
         table.insert(3, "id", [michel_id(h) for h in table[["type", "layer", "head"]].itertuples(index=False, name=None)])
         return HeadScores(order, table, HeadMask.full(self.module), cfg.prune.get("min_heads_per_layer", 0),
                           cfg.prune.layout)
@@ -280,7 +285,7 @@ class Model:
         return Pruned(method, Path(out), metrics, HeadMask.read(mask_file, self.module) if mask_file.exists() else None)
 
     def _prune_settings(self, settings: dict) -> dict:
-        top = set(compose("prune", {"ckpt": "-"}).keys()) | {"hydra"} | OPENING
+        top = verb_keys("prune") | {"hydra"} | OPENING
         return {k if k.split(".")[0] in top else f"prune.{k}": v for k, v in settings.items()}
 
     def _add_latency(self, cfg: DictConfig, metrics: dict, mask: Mask) -> None:
