@@ -1,7 +1,7 @@
 """Run a Jupyter notebook's code cells in one namespace, as a kernel would, without Jupyter: each cell's printed
 text and the value of its last expression become its outputs (text/plain), written back with --write. A cell
-tagged `parameters` (papermill's convention) is replaced by `-p NAME=VALUE` assignments (VALUE: a Python
-literal). The tests run docs/api.ipynb this way on their own model and check what it computed.
+tagged `parameters` (papermill's convention) is followed by `-p NAME=VALUE` assignments (VALUE: a Python
+literal), which override its defaults. The tests run docs/api.ipynb this way on their own model and check what it computed.
 
     python scripts/run_notebook.py docs/api.ipynb --write          # after `make demo`: refresh its outputs
     python scripts/run_notebook.py docs/api.ipynb -p CKPT="'outputs/demo'"
@@ -45,8 +45,8 @@ def run(path: Path, parameters: dict | None = None) -> tuple[dict, dict]:
         if cell["cell_type"] != "code":
             continue
         code = source(cell)
-        if parameters is not None and "parameters" in cell.get("metadata", {}).get("tags", []):
-            code = "".join(f"{name} = {value!r}\n" for name, value in parameters.items()) if parameters else code
+        if parameters and "parameters" in cell.get("metadata", {}).get("tags", []):  # its defaults, then those given
+            code += "\n" + "".join(f"{name} = {value!r}\n" for name, value in parameters.items())
         count += 1
         cell["outputs"] = run_cell(code, namespace, f"{path}[cell {i}]")
         cell["execution_count"] = count
