@@ -6,6 +6,7 @@ Nothing heavy is imported before a verb is chosen.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -226,11 +227,20 @@ def _main(argv: list[str]) -> None:
     launchers = "hydra_plugins.hprune_launchers"  # hprune's SLURM launcher, if the run loaded it
     if launchers in sys.modules:  # (several verbs in one process: the tests)
         sys.modules[launchers].FAILED.clear()
-    importlib.import_module(VERBS[verb][0]).main()
+    with _flops_counted():
+        importlib.import_module(VERBS[verb][0]).main()
     failed = getattr(sys.modules.get(launchers), "FAILED", None)  # a sweep's failed jobs, each said in a line
     if failed:
         print(f"hprune {verb}: {len(failed)} job(s) of the sweep failed; the others completed", file=sys.stderr)
         sys.exit(3)
+
+
+def _flops_counted():
+    """The verb's FLOPs counted into the file HPRUNE_FLOPS_TO names (the benchmarks'), else nothing."""
+    if not os.environ.get("HPRUNE_FLOPS_TO"):
+        return contextlib.nullcontext()
+    from hprune.flops import flops_written_to
+    return flops_written_to(os.environ["HPRUNE_FLOPS_TO"])
 
 
 def _flag_value(args: list[str], *names: str) -> str | None:

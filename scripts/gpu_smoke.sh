@@ -6,7 +6,9 @@
 # trained and evaluated in both precisions, then an imported tiny Marian (OPUS-MT) model in fp32 and bf16, then
 # the methods that came after the papers on the bf16 model: LRP relevance, DSP (exactly 24 heads) and Kwon et
 # al.'s retraining-free pruning (the MACs reached, counted on the export). With two GPUs or more, the bf16 training
-# once more on two of them (fairseq's data parallelism); with one, it says so.
+# once more on two of them (fairseq's data parallelism); with one, it says so. Last, the real-size section: the
+# NLLB-200-distilled-600M configuration's importance, pruning with FFN neurons and CTranslate2 latency table on the
+# GPU (a few minutes more).
 #   usage: scripts/gpu_smoke.sh            (PY=path/to/python to use another interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -138,3 +140,10 @@ for device, compute in (("cuda", "float16"), ("cpu", "float32")):
 same = sum(a == b for a, b in zip(outputs["cuda"], outputs["cpu"]))
 print(f"CTranslate2 float16 on the GPU: {same}/{len(tokens)} translations identical to float32 on the CPU")
 PY
+
+# real size (issue 52): the NLLB-200-distilled-600M configuration with random weights (scripts/bench/real_sizes.py)
+# on the GPU: the import, Michel's importance, Kwon et al.'s pruning with FFN neurons, the CTranslate2 latency table
+# on cuda with its predictions checked on four masks it did not time. It prints a line per verb (seconds, the host's
+# peak memory, counted teraFLOPs), the table's predicted and measured latencies, and the table of all of them.
+"$PY" scripts/bench/real_sizes.py nllb-200-distilled-600M --verbs import,michel,fisher,latency --device cuda \
+    --again --out "$OUT/real_sizes"

@@ -56,8 +56,9 @@ def build_fsmt(root: Path, text: dict) -> dict:
             "pad": config.pad_token_id, "start": config.eos_token_id, "attention": ("self_attn", "encoder_attn")}
 
 
-def build_marian(root: Path, text: dict) -> dict:
-    """A Marian en-fr model with OPUS-MT's settings in root/opus-mt-en-fr; text: {lang: training lines}."""
+def build_marian(root: Path, text: dict, size: dict | None = None, vocab_size: int | None = None) -> dict:
+    """A Marian en-fr model with OPUS-MT's settings in root/opus-mt-en-fr; text: {lang: training lines}. size: the
+    config's dimensions (tiny by default); vocab_size: the vocabulary padded with words the text never meets."""
     import sentencepiece
     model_dir = root / "opus-mt-en-fr"
     model_dir.mkdir()
@@ -65,7 +66,7 @@ def build_marian(root: Path, text: dict) -> dict:
     for lang, name in zip(LANGS, ("source", "target")):
         (root / f"{lang}.txt").write_text("".join(line + "\n" for line in text[lang]))
         sentencepiece.SentencePieceTrainer.train(input=str(root / f"{lang}.txt"), model_prefix=str(root / name),
-                                                 vocab_size=120, hard_vocab_limit=False, character_coverage=1.0,
+                                                 vocab_size=4000 if size else 120, hard_vocab_limit=False, character_coverage=1.0,
                                                  bos_id=-1, unk_id=0, eos_id=1, pad_id=-1, minloglevel=2)
         shutil.copyfile(root / f"{name}.model", model_dir / f"{name}.spm")
         processor = sentencepiece.SentencePieceProcessor(model_file=str(root / f"{name}.model"))
@@ -73,17 +74,19 @@ def build_marian(root: Path, text: dict) -> dict:
     vocab = {"</s>": 0, "<unk>": 1}  # as OPUS-MT's: eos first, <pad> last
     for piece in pieces:
         vocab.setdefault(piece, len(vocab))
+    for i in range((vocab_size or 0) - len(vocab) - 1):
+        vocab[f"madeupword{i:06d}"] = len(vocab)
     vocab["<pad>"] = len(vocab)
     (model_dir / "vocab.json").write_text(json.dumps(vocab))
     tokenizer = transformers.MarianTokenizer(str(model_dir / "source.spm"), str(model_dir / "target.spm"),
                                              str(model_dir / "vocab.json"), source_lang="en", target_lang="fr")
     pad = vocab["<pad>"]
     # OPUS-MT's settings: swish, scaled embeddings, all three embeddings tied, <pad> starts the decoder
-    config = transformers.MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=32, encoder_layers=2,
-                                       decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                                       encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=128,
-                                       activation_function="swish", scale_embedding=True, pad_token_id=pad,
-                                       eos_token_id=0, decoder_start_token_id=pad, init_std=0.3, dropout=0.0)
+    dims = size or dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=128,
+                        activation_function="swish", scale_embedding=True, init_std=0.3)
+    config = transformers.MarianConfig(vocab_size=len(vocab), decoder_vocab_size=len(vocab), pad_token_id=pad,
+                                       eos_token_id=0, decoder_start_token_id=pad, dropout=0.0, **dims)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(config).eval()
     with torch.no_grad():
@@ -95,12 +98,12 @@ def build_marian(root: Path, text: dict) -> dict:
             "start": pad, "attention": ("self_attn", "encoder_attn")}
 
 
-def _joint_sentencepiece(root: Path, text: dict, model_type: str) -> Path:
+def _joint_sentencepiece(root: Path, text: dict, model_type: str, pieces: int = 150) -> Path:
     """A joint sentencepiece model with the layout these families' models have (<unk> 0, <s> 1, </s> 2)."""
     import sentencepiece
     (root / "joint.txt").write_text("".join(line + "\n" for lang in LANGS for line in text[lang]))
     sentencepiece.SentencePieceTrainer.train(input=str(root / "joint.txt"), model_prefix=str(root / model_type),
-                                             vocab_size=150, model_type=model_type, hard_vocab_limit=False,
+                                             vocab_size=pieces, model_type=model_type, hard_vocab_limit=False,
                                              character_coverage=1.0, minloglevel=2)
     return root / f"{model_type}.model"
 
@@ -123,8 +126,9 @@ def _train_a_little(model, tokenizer, text: dict, steps: int = 150) -> None:
 
 
 def _multilingual(root: Path, name: str, model, tokenizer, text: dict, languages: tuple[str, str],
-                  target_token: str) -> dict:
-    _train_a_little(model, tokenizer, text)
+                  target_token: str, train: bool = True) -> dict:
+    if train:
+        _train_a_little(model, tokenizer, text)
     model.generation_config.forced_bos_token_id = None  # set per call, from the target language, as users do
     model_dir = root / name
     model.save_pretrained(model_dir)
@@ -140,10 +144,10 @@ SMALL = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_h
              encoder_layerdrop=0.0, decoder_layerdrop=0.0, init_std=0.05)
 
 
-def build_m2m100(root: Path, text: dict) -> dict:
+def build_m2m100(root: Path, text: dict, size: dict | None = None, vocab_size: int | None = None) -> dict:
     """An M2M100 model as m2m100_418M is laid out: vocab.json (fairseq's dictionary order), sentencepiece.bpe.model,
     the 100 language tokens __xx__ after the vocabulary, 8 made-up words up to vocab_size."""
-    spm = _joint_sentencepiece(root, text, "bpe")
+    spm = _joint_sentencepiece(root, text, "bpe", 4000 if size else 150)
     model_dir = root / "m2m100-tiny"
     model_dir.mkdir()
     shutil.copyfile(spm, model_dir / "sentencepiece.bpe.model")
@@ -155,18 +159,18 @@ def build_m2m100(root: Path, text: dict) -> dict:
     (model_dir / "vocab.json").write_text(json.dumps(vocab))
     tokenizer = transformers.M2M100Tokenizer(str(model_dir / "vocab.json"), str(model_dir / "sentencepiece.bpe.model"),
                                              src_lang="en", tgt_lang="fr")
-    config = transformers.M2M100Config(vocab_size=len(vocab) + 100 + 8, scale_embedding=True, **SMALL)
+    config = transformers.M2M100Config(vocab_size=vocab_size or len(vocab) + 100 + 8, scale_embedding=True, **(size or SMALL))
     torch.manual_seed(0)
     model = transformers.M2M100ForConditionalGeneration(config)
-    return _multilingual(root, "m2m100-tiny", model, tokenizer, text, ("en", "fr"), "__fr__")
+    return _multilingual(root, "m2m100-tiny", model, tokenizer, text, ("en", "fr"), "__fr__", train=size is None)
 
 
-def build_nllb(root: Path, text: dict) -> dict:
+def build_nllb(root: Path, text: dict, size: dict | None = None, vocab_size: int | None = None) -> dict:
     """An NLLB-200 model (M2M100's architecture, NLLB's tokenizer: sentencepiece BPE ids + 1, 202 language codes
     and <mask> as added tokens, tokenizer.json)."""
     from tokenizers.models import BPE
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
-    spm = _joint_sentencepiece(root, text, "bpe")
+    spm = _joint_sentencepiece(root, text, "bpe", 4000 if size else 150)
     import sentencepiece
     processor = sentencepiece.SentencePieceProcessor(model_file=str(spm))
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
@@ -175,27 +179,30 @@ def build_nllb(root: Path, text: dict) -> dict:
     tokenizer = transformers.NllbTokenizer(vocab=vocab, merges=extracted["merges"], src_lang="eng_Latn",
                                            tgt_lang="fra_Latn",
                                            _spm_precompiled_charsmap=extracted["_spm_precompiled_charsmap"])
-    config = transformers.M2M100Config(vocab_size=len(tokenizer) + 2, scale_embedding=True, **SMALL)
+    config = transformers.M2M100Config(vocab_size=vocab_size or len(tokenizer) + 2, scale_embedding=True, **(size or SMALL))
     torch.manual_seed(0)
     model = transformers.M2M100ForConditionalGeneration(config)
-    built = _multilingual(root, "nllb-200-tiny", model, tokenizer, text, ("eng_Latn", "fra_Latn"), "fra_Latn")
+    built = _multilingual(root, "nllb-200-tiny", model, tokenizer, text, ("eng_Latn", "fra_Latn"), "fra_Latn",
+                          train=size is None)
     shutil.copyfile(spm, built["dir"] / "sentencepiece.bpe.model")
     return built
 
 
-def build_mbart50(root: Path, text: dict) -> dict:
+def build_mbart50(root: Path, text: dict, size: dict | None = None, vocab_size: int | None = None) -> dict:
     """An mBART-50 many-to-many model: learned positions, layernorm_embedding, a unigram sentencepiece model
     (ids + 1), the 52 language codes and <mask> after it, the decoder started with </s>."""
-    spm = _joint_sentencepiece(root, text, "unigram")
+    spm = _joint_sentencepiece(root, text, "unigram", 4000 if size else 150)
     folder = root / "mbart50-spm"
     folder.mkdir()
     shutil.copyfile(spm, folder / "sentencepiece.bpe.model")
     tokenizer = transformers.MBart50Tokenizer.from_pretrained(str(folder), src_lang="en_XX", tgt_lang="fr_XX")
-    config = transformers.MBartConfig(vocab_size=len(tokenizer), scale_embedding=True, activation_function="relu",
-                                      decoder_start_token_id=2, forced_eos_token_id=2, **SMALL)
+    dims = size or {**SMALL, "activation_function": "relu"}
+    config = transformers.MBartConfig(vocab_size=vocab_size or len(tokenizer), scale_embedding=True,
+                                      decoder_start_token_id=2, forced_eos_token_id=2, **dims)
     torch.manual_seed(0)
     model = transformers.MBartForConditionalGeneration(config)
-    built = _multilingual(root, "mbart-large-50-tiny", model, tokenizer, text, ("en_XX", "fr_XX"), "fr_XX")
+    built = _multilingual(root, "mbart-large-50-tiny", model, tokenizer, text, ("en_XX", "fr_XX"), "fr_XX",
+                          train=size is None)
     shutil.copyfile(spm, built["dir"] / "sentencepiece.bpe.model")
     return built
 

@@ -170,19 +170,44 @@ def test_fisher_prunes_heads_and_neurons_under_one_budget(trained_run, tmp_path)
     assert_one_line_error(proc, "prune.units")
 
 
-def test_latency_table_predicts_additively():
+def test_the_neurons_damped_solve_converges_to_its_closed_form():
+    """The FFN scales' LSMR (damp=1, the reference's solver) reaches δ = (G² + I)⁻¹ G (t − G·1) on a Gram built
+    as the tuning builds it, (WᵀW) ∘ (AᵀA)."""
+    from hprune.methods.fisher import damped_toward_one
+    generator = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 300, generator=generator, dtype=torch.float64) * 0.05
+    a = torch.relu(torch.randn(200, 300, generator=generator, dtype=torch.float64))
+    gram = (w.t() @ w) * (a.t() @ a)
+    target = gram @ (1 + 0.1 * torch.randn(300, generator=generator, dtype=torch.float64)) \
+        + torch.randn(300, generator=generator, dtype=torch.float64)
+    ones = torch.ones(300, dtype=torch.float64)
+    closed = ones + torch.linalg.solve(gram @ gram + torch.eye(300, dtype=torch.float64), gram @ (target - gram @ ones))
+    assert torch.allclose(damped_toward_one(gram, target), closed, atol=1e-5)
+    assert not torch.allclose(closed, ones, atol=1e-2)  # the system moves the scales
+
+
+def test_latency_table_predicts_each_familys_saving_less_their_interaction():
     """A mask's latency: the unpruned model's less what its head counts per stack save (each measured with the rest
     unpruned) and what each layer's FFN width saves (its stack's saving at that width, linear between the widths
-    timed, shared by its layers)."""
-    from hprune.deploy.latency import LatencyTable
+    timed, shared by its layers), plus γ Σ_{f<g} s_f s_g / unpruned, γ fitted on the joint points."""
+    from hprune.deploy.latency import LatencyTable, interaction
     table = LatencyTable(unpruned=10.0, encoder_heads={1: 8.0, 2: 9.0, 4: 10.0}, decoder_heads={1: 6.0, 4: 10.0},
                          encoder_ffn={0: 7.0, 8: 10.0}, decoder_ffn={0: 4.0, 4: 7.0, 8: 10.0},
                          layers={"encoder": 2, "decoder": 3})
     assert table.predict({"encoder": 4, "decoder": 4}, {"encoder": [8, 8], "decoder": [8, 8, 8]}) == 10.0
-    # encoder 2 heads saves 1; decoder 1 head saves 4; an encoder layer at width 4 saves (10 - 8.5) / 2; a decoder
-    # layer at width 2 saves (10 - 5.5) / 3, at 0 saves 6 / 3
-    predicted = table.predict({"encoder": 2, "decoder": 1}, {"encoder": [4, 8], "decoder": [2, 0, 8]})
-    assert predicted == pytest.approx(10 - 1 - 4 - 0.75 - 1.5 - 2.0)
+    # encoder 2 heads saves 1; decoder 1 head saves 4 (3 heads: 4 · 1/3, linear); an encoder layer at width 4
+    # saves (10 - 8.5) / 2; a decoder layer at width 2 saves (10 - 5.5) / 3, at 0 saves 6 / 3
+    mask = ({"encoder": 2, "decoder": 1}, {"encoder": [4, 8], "decoder": [2, 0, 8]})
+    assert table.predict(*mask) == pytest.approx(10 - 1 - 4 - 0.75 - 1.5 - 2.0)
+    assert table.heads_saving("decoder", 3) == pytest.approx(4 / 3)
+    assert table.shares() == pytest.approx({"heads": (2 + 4) / 10, "ffn": (3 + 6) / 10})
+    pairs = (1 * 4 + 1 * 0.75 + 1 * 3.5 + 4 * 0.75 + 4 * 3.5 + 0.75 * 3.5) / 10
+    table.interaction = 0.5
+    assert table.predict(*mask) == pytest.approx(10 - 9.25 + 0.5 * pairs)
+    # γ: least squares on the joint points (each family's saving alone, then measured together)
+    joint = {"heads": [4, 4], "ffn": [4, 4]}  # savings 0, 0, 1.5, 3: pairs 4.5 / 10
+    table.joint = {"joint 2": {**joint, "seconds": 10 - 4.5 + 0.25 * 0.45, "additive": 5.5}}
+    assert interaction(table, 2, 3) == pytest.approx(0.25)
 
 
 def test_a_latency_budget_is_searched_again_from_both_sides_in_measurement():
@@ -243,6 +268,7 @@ def test_a_latency_budget_is_met_in_ctranslate2_and_its_table_is_kept(trained_ru
     assert m["latency_pct_predicted"] <= 100 * m["latency_target"] + 1e-6 and m["kept_neurons"] > 0
     rounds = m["latency_calibration"]  # measured, and searched again on a tighter target while over the budget
     assert 1 <= len(rounds) <= 4 and rounds[0]["target"] == 0.8
+    assert all(r["predicted"] <= r["target"] + 1e-4 for r in rounds)  # each mask found fits its target
     kept = [r for r in rounds if r["target"] == m["latency_target"]]
     assert len(kept) == 1 and m["latency_pct_measured"] == pytest.approx(100 * kept[0]["measured"], abs=0.01)
     within = [r["measured"] for r in rounds if r["measured"] <= 0.8]  # the slowest within the budget is kept
@@ -257,7 +283,7 @@ def test_a_latency_budget_is_met_in_ctranslate2_and_its_table_is_kept(trained_ru
     # the next run reads the table kept under its key: one whose every curve saves 1 % at its fewest units, so that
     # the fastest mask is predicted at 96 % of the unpruned latency whatever this machine measured
     table = json.loads(tables[0].read_text())
-    table["unpruned"] = 1.0
+    table["unpruned"], table["interaction"] = 1.0, 0.0
     for family in ("encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn"):
         fewest = min(table[family], key=int)
         table[family] = {k: (0.99 if k == fewest else 1.0) for k in table[family]}
@@ -265,7 +291,8 @@ def test_a_latency_budget_is_met_in_ctranslate2_and_its_table_is_kept(trained_ru
     written = tables[0].read_text()
     proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'bad'}", *FISHER, *quick,
                   "prune.latency_budget=0.9", check=False)
-    assert_one_line_error(proc, "the fastest the table predicts is 96.0 %", "raise prune.latency_budget")
+    assert_one_line_error(proc, "heads hold 2 % and FFN neurons 2 % of this model's time",
+                          "the fastest the table predicts is 96.0 %", "raise prune.latency_budget")
     assert tables[0].read_text() == written and not (tmp_path / "bad" / "metrics.json").exists()
     proc = hprune("prune", f"ckpt={trained_run}", f"hydra.run.dir={tmp_path / 'free'}", *FISHER,
                   "prune.latency_budget=0.5", check=False)
@@ -342,3 +369,46 @@ def test_a_timing_lasts_at_least_min_seconds(monkeypatch):
     calls.clear()
     writer.sentences_per_s({"m": "m"}, sources, beam=1, rounds=1, lengths=(5,))
     assert len(calls) == 2
+
+
+def test_the_table_times_each_point_beside_the_unpruned_model_two_models_at_most(monkeypatch, tmp_path):
+    """ratios_to_unpruned: each point's best timing over the unpruned model's best timing beside it, the point's
+    model written, timed and removed in its turn (never more than two loaded), on a machine whose speed halves
+    half-way through (the ratio to the neighbouring unpruned timing does not move)."""
+    import time
+    from types import SimpleNamespace
+
+    from hprune.deploy import latency
+    loaded, slow = {"now": 0}, {"factor": 1.0}
+
+    class Translator:
+        def __init__(self, path, **_):
+            self.cost = float((Path(path) / "cost").read_text())
+            loaded["now"] += 1
+
+        def translate_batch(self, sources, **_):
+            time.sleep(0.004 * self.cost * slow["factor"])
+
+        def __del__(self):
+            loaded["now"] -= 1
+
+    monkeypatch.setattr(latency, "import_ctranslate2", lambda *_: SimpleNamespace(Translator=Translator))
+    monkeypatch.setattr(latency, "model_spec", lambda model, *_: model)
+    monkeypatch.setattr(latency, "save", lambda cost, folder, _: (Path(folder) / "cost").write_text(str(cost)))
+    most = []
+
+    def build(cost: float):
+        def built():
+            most.append(loaded["now"])
+            if cost == 2.0:
+                slow["factor"] = 2.0  # the machine slows down from the third point on
+            return cost
+        return built
+
+    settings = latency.LatencySettings(rounds=2, min_seconds=0.0)
+    ratios, references = latency.ratios_to_unpruned(build(5.0), {"a": build(4.0), "b": build(2.5), "c": build(2.0)},
+                                                    None, ("src", "tgt"), [["x"]] * 4, 3, settings)
+    assert ratios == pytest.approx({"a": 0.8, "b": 0.5, "c": 0.4}, rel=0.2)
+    assert references[0] == pytest.approx(0.005, rel=0.3) and references[2] == pytest.approx(0.01, rel=0.3)
+    assert max(most) <= 1 and loaded["now"] == 0  # the unpruned one loaded beside each point built; none left
+

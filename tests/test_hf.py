@@ -230,6 +230,25 @@ def test_a_marian_model_is_fetched_from_the_hub_resumed_imported_pruned_and_anal
     assert json.loads((analysed / "metrics.json").read_text())["syntactic_heads"] is None
 
 
+def test_an_imported_marian_model_trains_on_with_its_swish_ffn():
+    """Continued training (Voita's gates, recovery, the MoA conversion) passes an imported model's options to
+    fairseq-train again: Marian's `--activation-fn swish`, which fairseq computes but its parser did not offer,
+    is accepted by hprune_transformer's and built as fairseq's swish."""
+    from fairseq import options
+    from fairseq.models.transformer import TransformerConfig
+
+    from hprune.backend import PLUGIN_DIR
+    from hprune_fairseq.layers import HeadEncoderLayer
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["data", "--user-dir", PLUGIN_DIR, "--arch", "hprune_transformer",
+                                                "--activation-fn", "swish", "--encoder-embed-dim", "16",
+                                                "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2"])
+    assert args.activation_fn == "swish"
+    layer = HeadEncoderLayer(TransformerConfig.from_namespace(args))
+    x = torch.linspace(-3, 3, 7)
+    assert torch.equal(layer.activation_fn(x), torch.nn.functional.silu(x))
+
+
 def test_hugging_face_folders_hprune_does_not_import_are_one_line(fsmt, marian, tmp_path, monkeypatch):
     t5 = tmp_path / "t5"
     t5.mkdir()

@@ -1,8 +1,11 @@
 """Floating-point operations counted by torch's FlopCounterMode (matmuls and attention), not estimated."""
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -31,6 +34,23 @@ def _counted(fn: Callable, *args, **kwargs) -> FlopCounterMode:
 
 def count_flops(fn: Callable, *args, **kwargs) -> int:
     return _counted(fn, *args, **kwargs).get_total_flops()
+
+
+@contextmanager
+def flops_written_to(path: Optional[str]) -> Iterator[None]:
+    """Count every FLOP the block runs (forward, backward, beam search; its own thread's, as fairseq's one-worker
+    training runs) and write {"flops": n} to `path` at its end, whether it ends well or not; a no-op for None.
+    The CLI does it for a verb when HPRUNE_FLOPS_TO names a file (scripts/bench/real_sizes.py: what a verb
+    would cost on a GPU)."""
+    if not path:
+        yield
+        return
+    counter = FlopCounterMode(display=False, custom_mapping=_EXTRA)
+    try:
+        with counter:
+            yield
+    finally:
+        Path(path).write_text(json.dumps({"flops": counter.get_total_flops()}))
 
 
 @dataclass(frozen=True)

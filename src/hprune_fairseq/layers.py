@@ -151,11 +151,16 @@ def sublayers(model) -> List[Sublayer]:
     return out
 
 
+class Captured(Exception):
+    """capture_residuals(stop=True) ends the forward here: what it records is all the caller needs."""
+
+
 @contextlib.contextmanager
-def capture_residuals(sublayer: Sublayer, sink: list) -> Iterator[None]:
+def capture_residuals(sublayer: Sublayer, sink: list, stop: bool = False) -> Iterator[None]:
     """Record (sublayer output, residual) where the sublayer's output joins the residual stream, on every
     forward while the context lasts (fairseq's layers add each sublayer back through residual_connection, in
-    forward order: `sublayer.call` says which call is this one's)."""
+    forward order: `sublayer.call` says which call is this one's). stop: raise Captured once recorded (the layers
+    above and the output projection, half a forward or more, are not run)."""
     block, call = sublayer.block, sublayer.call
     calls = [0]
     reset = block.register_forward_pre_hook(lambda *_: calls.__setitem__(0, 0))
@@ -164,6 +169,8 @@ def capture_residuals(sublayer: Sublayer, sink: list) -> Iterator[None]:
     def connect(x, residual):
         if calls[0] == call:
             sink.append((x.detach(), residual.detach()))
+            if stop:
+                raise Captured
         calls[0] += 1
         return original(x, residual)
 

@@ -18,6 +18,7 @@ of `--moa-types`; its experts take the place of heads in masks, gates and physic
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -39,7 +40,7 @@ from . import mechanisms
 from .config import HpruneConfig, MoAConfig
 from .ffn import keep_neurons
 from .heads import HeadAttention
-from .layers import HeadDecoder, HeadEncoder, MoADecoder, MoAEncoder, Sublayer, capture_residuals, sublayers
+from .layers import Captured, HeadDecoder, HeadEncoder, MoADecoder, MoAEncoder, Sublayer, capture_residuals, sublayers
 from .marian import MarianPositionalEmbedding, StartTokenEmbedding, add_output_bias
 from .moa import MoAAttention
 
@@ -49,6 +50,9 @@ class HpruneTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
+        for action in parser._actions:  # fairseq computes swish (Marian's FFN) but does not offer it: a training
+            if "--activation-fn" in action.option_strings and "swish" not in action.choices:  # run that continues
+                action.choices = [*action.choices, "swish"]  # an imported Marian model passes it on
         gen_parser_from_dataclass(parser, HpruneConfig())
         for mechanism in mechanisms.MECHANISMS.values():
             gen_parser_from_dataclass(parser, mechanism.config())
@@ -113,6 +117,14 @@ class HpruneTransformerModel(TransformerModel):
     def capture_residuals(self, sublayer: Sublayer, sink: list):
         """A context: (output, residual) of `sublayer` appended to `sink` on every forward (layers.py)."""
         return capture_residuals(sublayer, sink)
+
+    def forward_to(self, sublayer: Sublayer, **net_input) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(output, residual) of `sublayer` on a forward that stops there: the layers above it and the output
+        projection (at a 256k vocabulary, as much as the rest of the model) are not run."""
+        sink: list = []
+        with contextlib.suppress(Captured), capture_residuals(sublayer, sink, stop=True):
+            self(**net_input)
+        return sink[0]
 
     def set_head_mask(self, mask: Optional[Dict[str, List[List[float]]]]) -> None:
         """Apply a head mask in the shared schema ({type: [[1, 0, ...] per layer]}); None keeps every head."""

@@ -529,8 +529,6 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
     prefix: the target language token translations start from (a multilingual model). min_seconds: each timing
     translates the sources again until it has lasted this long (a small model's batch takes milliseconds, within
     the machine's noise)."""
-    import time
-
     ctranslate2 = import_ctranslate2()
     translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
                    for name, path in model_dirs.items()}
@@ -539,19 +537,32 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
                                    **_prefixed(prefix, len(sources[:8])))
     speed = {}
     for length in lengths:
-        fixed = {"max_decoding_length": max_length} if length is None else \
-            {"min_decoding_length": length, "max_decoding_length": length}
-        fixed.update(_prefixed(prefix, len(sources)))
+        fixed = forced(length, max_length, prefix, len(sources))
         best = {name: 0.0 for name in translators}
         for _ in range(rounds):
             for name, translator in translators.items():
-                started, done = time.perf_counter(), 0
-                while not done or time.perf_counter() - started < min_seconds:
-                    translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
-                    done += len(sources)
-                best[name] = max(best[name], done / (time.perf_counter() - started))
+                best[name] = max(best[name], timed_sentences_per_s(translator, sources, beam, fixed, min_seconds))
         speed[length] = {name: round(value, 2) for name, value in best.items()}
     return speed
+
+
+def forced(length: Optional[int], max_length: int, prefix: Optional[str], count: int) -> dict:
+    """translate_batch's arguments decoding every hypothesis to exactly `length` tokens (None: as the model
+    decodes, up to max_length), from the target language token `prefix` (a multilingual model)."""
+    fixed = {"max_decoding_length": max_length} if length is None else \
+        {"min_decoding_length": length, "max_decoding_length": length}
+    return {**fixed, **_prefixed(prefix, count)}
+
+
+def timed_sentences_per_s(translator, sources: List[List[str]], beam: int, fixed: dict, min_seconds: float) -> float:
+    """One timing: the sources translated (again, until min_seconds have passed), sentences per second."""
+    import time
+
+    started, done = time.perf_counter(), 0
+    while not done or time.perf_counter() - started < min_seconds:
+        translator.translate_batch(sources, beam_size=beam, max_batch_size=64, **fixed)
+        done += len(sources)
+    return done / (time.perf_counter() - started)
 
 
 PARITY_REFERENCES = 200  # reference translations whose log-probabilities the export is checked on

@@ -2,45 +2,55 @@
 generate_lut.py times blocks with 1..H heads and 1..d_ff neurons on the target hardware).
 
 CTranslate2 holds one head count per stack and each layer's FFN width, so the table times whole translations of
-the model's own pruned copies: the unpruned model; each encoder head count k (every encoder self-attention at k
-heads, the rest unpruned) and each decoder head count; every encoder FFN at each width of a grid, and every
-decoder FFN. A mask's latency is predicted additively from the unpruned model's: what its encoder and decoder head
-counts save, and what each layer's FFN width saves (the stack's saving at that width, interpolated linearly
-between grid widths, over its layers). Each curve is made monotone (more units never take less time) and measured
-against the median of the five unpruned timings. Translations are forced to a fixed length (the same decoding steps for
-every model). The table is kept in `<data_root>/latency/`, keyed by the settings, the model's dimensions, the
-CTranslate2 version and the processor, and built once.
+the model's own pruned copies, each beside the unpruned model (loaded once, timed alternately with it: a point's
+latency is its ratio to the unpruned timing next to it, so the machine's drift cancels, and no more than two models
+are in memory). Four families of points: each stack's head count at 1, 2, H/4, H/2, 3H/4 (every self-attention of
+the stack at k heads, the decoder's cross-attention too: one count per stack; the rest unpruned), and each stack's
+FFNs all at 0, ¼, ½, ¾ of d_ff; between points a curve is linear, and it is made monotone (more units never take
+less time). Then two joint points, every family cut at once (H/4 heads and d_ff/4, H/2 and d_ff/2), to which the
+interaction of the savings is fitted: a mask's latency, as a fraction of the unpruned model's, is
 
-The table's additive prediction errs where cuts add up (many heads and neurons at once) and where a whole
-translation takes a millisecond, so a search on it is checked by measurement (`calibrated`): the mask found is
-timed against the unpruned model and searched again on a target scaled by budget / measured (tighter when it is
-slower than the budget, looser when it is well within), then halfway between the targets of the nearest masks
-measured on each side; the mask kept is the slowest measured within the budget.
+    1 − Σ_f s_f + γ Σ_{f<g} s_f s_g
+
+where s_f is what family f's cut saves alone (its heads, or each layer's FFN width: the stack's saving at that
+width over its layers) and γ the least-squares fit on the joint points (cuts save less together than apart where
+the machine overlaps their work: γ > 0; γ = 1 is the product of the families' fractions). Translations are forced
+to a fixed length (the same decoding steps for every model). The table is kept in `<data_root>/latency/`, keyed by
+the settings, the model's dimensions, the CTranslate2 version and the processor, and built once.
+
+A search on the table is checked by measurement (`calibrated`): the mask found is timed against the unpruned
+model and searched again on a target scaled by budget / measured (tighter when it is slower than the budget, looser
+when it is well within), then halfway between the targets of the nearest masks measured on each side; the mask kept
+is the slowest measured within the budget.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import platform
+import shutil
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from ..errors import UserError
 from ..files import write_json
-from .ctranslate2 import import_ctranslate2, model_spec, save, sentences_per_s
+from .ctranslate2 import forced, import_ctranslate2, model_spec, save, sentences_per_s, timed_sentences_per_s
 
 log = logging.getLogger(__name__)
-WIDTH_STEPS = 8  # FFN widths timed: d_ff · i / 8 for i = 0..8 (width 0 is written as one zero neuron)
-TABLE_VERSION = 2  # in the cache key: a table built the way an earlier hprune built it is measured again
+WIDTH_STEPS = 4  # FFN widths timed: d_ff · i / 4 for i = 0..4 (width 0 is written as one zero neuron)
+JOINT = (4, 2)  # the joint points: every stack at H/j heads and d_ff/j neurons
+TABLE_VERSION = 3  # in the cache key: a table built the way an earlier hprune built it is measured again
+FAMILIES = ("encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn")
 
 
 @dataclass
 class LatencySettings:
-    """How latency is measured: CTranslate2's compute type and threads, beam size, how many sentences of which
+    """How latency is measured: CTranslate2's compute type, device and threads, beam size, how many sentences of which
     split, the length every translation is forced to (None: the sources' mean length), timing rounds, the least
     time one timing lasts (the sentences translated again until then); how many times a latency budget's mask is
     measured and searched again (`calibrated`; 0: the table's prediction alone), and how far below the budget a
@@ -48,6 +58,7 @@ class LatencySettings:
     measure: bool = False
     split: str = "valid"
     compute_type: str = "int8"
+    device: str = "cpu"
     threads: int = 1
     beam: int = 4
     sentences: int = 64
@@ -61,7 +72,9 @@ class LatencySettings:
 @dataclass
 class LatencyTable:
     """Seconds per sentence, measured: `unpruned`; {k: s} with every encoder (decoder) self-attention at k heads
-    (the decoder's cross-attention too: one count per stack); {width: s} with every encoder (decoder) FFN at width."""
+    (the decoder's cross-attention too: one count per stack); {width: s} with every encoder (decoder) FFN at width;
+    the savings' `interaction` γ (module docstring), fitted on the `joint` points ({name: {"heads": [encoder,
+    decoder], "ffn": [encoder, decoder], "seconds": measured, "additive": the prediction without γ}})."""
     unpruned: float
     encoder_heads: Dict[int, float]
     decoder_heads: Dict[int, float]
@@ -69,36 +82,58 @@ class LatencyTable:
     decoder_ffn: Dict[int, float]
     layers: Dict[str, int]
     key: str = ""
+    interaction: float = 0.0
+    joint: Dict[str, dict] = field(default_factory=dict)
 
     def ffn_saving(self, stack: str, width: int) -> float:
         """What one layer of `stack` saves with its FFN at `width` (linear between the widths timed)."""
         table = self.encoder_ffn if stack == "encoder" else self.decoder_ffn
-        widths = sorted(table)
-        width = max(width, widths[0])
-        upper = next(w for w in widths if w >= width)
-        lower = max(w for w in widths if w <= width)
-        at = table[lower] if upper == lower else \
-            table[lower] + (table[upper] - table[lower]) * (width - lower) / (upper - lower)
-        return (table[widths[-1]] - at) / self.layers[stack]
+        return (table[max(table)] - interpolated(table, width)) / self.layers[stack]
 
     def heads_saving(self, stack: str, heads: int) -> float:
         table = self.encoder_heads if stack == "encoder" else self.decoder_heads
-        return table[max(table)] - table[heads]
+        return table[max(table)] - interpolated(table, heads)
+
+    def savings(self, heads: Dict[str, int], widths: Dict[str, List[int]]) -> Dict[str, float]:
+        """What each family's cut saves alone, in seconds per sentence ({family: s}; a stack not named: unpruned)."""
+        return {**{f"{stack}_heads": self.heads_saving(stack, k) for stack, k in heads.items()},
+                **{f"{stack}_ffn": sum(self.ffn_saving(stack, w) for w in per_layer)
+                   for stack, per_layer in widths.items()}}
+
+    def latency(self, savings: Dict[str, float]) -> float:
+        """Seconds per sentence with the families' savings (savings()): their sum, less the interaction."""
+        pairs = sum(a * b for a, b in itertools.combinations(savings.values(), 2))
+        return self.unpruned - sum(savings.values()) + self.interaction * pairs / self.unpruned
 
     def predict(self, heads: Dict[str, int], widths: Dict[str, List[int]]) -> float:
         """Seconds per sentence of the model with `heads` per stack and the FFN `widths` per layer of each stack."""
-        return self.unpruned - sum(self.heads_saving(stack, k) for stack, k in heads.items()) - sum(
-            self.ffn_saving(stack, w) for stack, per_layer in widths.items() for w in per_layer)
+        return self.latency(self.savings(heads, widths))
+
+    def shares(self) -> Dict[str, float]:
+        """The fraction of the unpruned latency that the heads (all but one per stack) and the FFNs (every neuron)
+        hold, as the families measured alone."""
+        return {"heads": sum(self.heads_saving(stack, 1) for stack in self.layers) / self.unpruned,
+                "ffn": sum(self.ffn_saving(stack, 0) * self.layers[stack] for stack in self.layers) / self.unpruned}
 
     def to_json(self) -> dict:
-        return {key: ({str(k): v for k, v in value.items()} if isinstance(value, dict) and key != "layers" else value)
+        return {key: ({str(k): v for k, v in value.items()} if key in FAMILIES else value)
                 for key, value in asdict(self).items()}
 
     @classmethod
     def from_json(cls, data: dict) -> "LatencyTable":
-        tables = ("encoder_heads", "decoder_heads", "encoder_ffn", "decoder_ffn")
-        return cls(**{key: ({int(k): v for k, v in value.items()} if key in tables else value)
+        return cls(**{key: ({int(k): v for k, v in value.items()} if key in FAMILIES else value)
                       for key, value in data.items()})
+
+
+def interpolated(curve: Dict[int, float], x: float) -> float:
+    """A curve's value at x, linear between its points (clamped to its ends)."""
+    keys = sorted(curve)
+    x = min(max(x, keys[0]), keys[-1])
+    upper = next(k for k in keys if k >= x)
+    lower = max(k for k in keys if k <= x)
+    if upper == lower:
+        return curve[lower]
+    return curve[lower] + (curve[upper] - curve[lower]) * (x - lower) / (upper - lower)
 
 
 def monotone(points: Dict[int, float]) -> Dict[int, float]:
@@ -142,7 +177,7 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
             Path(dirs[name]).mkdir()
             save(model_spec(build(), model_cfg, *dictionaries), dirs[name], settings.compute_type)
         speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
-                                lengths=(length,), min_seconds=settings.min_seconds)[length]
+                                device=settings.device, lengths=(length,), min_seconds=settings.min_seconds)[length]
     return {name: 1.0 / value for name, value in speed.items()}
 
 
@@ -184,6 +219,29 @@ def _processor() -> str:
     return platform.processor() or platform.machine()
 
 
+def head_counts(heads: int) -> List[int]:
+    """The head counts a stack is timed at: 1, 2, H/4, H/2, 3H/4 and H."""
+    return sorted({k for k in (1, 2, heads // 4, heads // 2, 3 * heads // 4, heads) if 1 <= k <= heads})
+
+
+def ffn_widths_timed(neurons: int) -> List[int]:
+    return sorted({round(neurons * i / WIDTH_STEPS) for i in range(WIDTH_STEPS + 1)})
+
+
+def table_points(dims: dict) -> Dict[str, Tuple[int, int, int, int]]:
+    """The points the table times besides the unpruned model: {name: (encoder heads, decoder heads, encoder FFN
+    width, decoder FFN width)}."""
+    (enc_heads, dec_heads), (enc_ffn, dec_ffn) = dims["heads"], dims["ffn"]
+    points = {}
+    points.update({f"encoder_heads {k}": (k, dec_heads, enc_ffn, dec_ffn) for k in head_counts(enc_heads)[:-1]})
+    points.update({f"decoder_heads {k}": (enc_heads, k, enc_ffn, dec_ffn) for k in head_counts(dec_heads)[:-1]})
+    points.update({f"encoder_ffn {w}": (enc_heads, dec_heads, w, dec_ffn) for w in ffn_widths_timed(enc_ffn)[:-1]})
+    points.update({f"decoder_ffn {w}": (enc_heads, dec_heads, enc_ffn, w) for w in ffn_widths_timed(dec_ffn)[:-1]})
+    points.update({f"joint {j}": (max(1, enc_heads // j), max(1, dec_heads // j), enc_ffn // j, dec_ffn // j)
+                   for j in JOINT})
+    return points
+
+
 def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dictionaries, sources: Sequence[list],
                   settings: LatencySettings, cache: Path) -> LatencyTable:
     """The model's latency table (module docstring): read from `cache` when it was measured with the same key, else
@@ -197,43 +255,90 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
         log.info("latency table %s (measured before)", path)
         return LatencyTable.from_json(json.loads(path.read_text()))
     dims = dimensions(model)
-    (enc_heads, dec_heads), (enc_ffn, dec_ffn) = dims["heads"], dims["ffn"]
     n_enc, n_dec = dims["layers"]
 
-    def ids(encoder_heads: int, decoder_heads: int, encoder_ffn: int, decoder_ffn: int) -> dict:
-        return {"enc-self": [list(range(encoder_heads))] * n_enc, "dec-self": [list(range(decoder_heads))] * n_dec,
-                "dec-enc": [list(range(decoder_heads))] * n_dec, "enc-ffn": [list(range(encoder_ffn))] * n_enc,
-                "dec-ffn": [list(range(decoder_ffn))] * n_dec}
+    def kept(encoder_heads: int, decoder_heads: int, encoder_ffn: int, decoder_ffn: int) -> Callable[[], object]:
+        ids = {"enc-self": [list(range(encoder_heads))] * n_enc, "dec-self": [list(range(decoder_heads))] * n_dec,
+               "dec-enc": [list(range(decoder_heads))] * n_dec, "enc-ffn": [list(range(encoder_ffn))] * n_enc,
+               "dec-ffn": [list(range(decoder_ffn))] * n_dec}
+        return lambda: pruned_copy(ids)
 
-    # each family with its own unpruned point (the same model, timed in its turn): a saving is measured against
-    # the point timed beside it, and the unpruned latency is the median of all of them
-    grid = {"unpruned": ids(enc_heads, dec_heads, enc_ffn, dec_ffn)}
-    grid.update({f"encoder_heads {k}": ids(k, dec_heads, enc_ffn, dec_ffn) for k in range(1, enc_heads + 1)})
-    grid.update({f"decoder_heads {k}": ids(enc_heads, k, enc_ffn, dec_ffn) for k in range(1, dec_heads + 1)})
-    widths = {stack: sorted({round(n * i / WIDTH_STEPS) for i in range(WIDTH_STEPS + 1)})
-              for stack, n in (("encoder", enc_ffn), ("decoder", dec_ffn))}
-    grid.update({f"encoder_ffn {w}": ids(enc_heads, dec_heads, w, dec_ffn) for w in widths["encoder"]})
-    grid.update({f"decoder_ffn {w}": ids(enc_heads, dec_heads, enc_ffn, w) for w in widths["decoder"]})
+    points = table_points(dims)
     log.info("measuring the latency table in CTranslate2 (%s, %d thread(s), beam %d, %d sentences x %d tokens): "
-             "%d models", settings.compute_type, settings.threads, settings.beam, len(sources), length, len(grid))
-    seconds = measured({name: (lambda kept=kept: pruned_copy(kept)) for name, kept in grid.items()}, model_cfg,
-                       dictionaries, sources, settings)
-    full = statistics.median([seconds["unpruned"], seconds[f"encoder_heads {enc_heads}"],
-                              seconds[f"decoder_heads {dec_heads}"], seconds[f"encoder_ffn {enc_ffn}"],
-                              seconds[f"decoder_ffn {dec_ffn}"]])
+             "%d models, each beside the unpruned one", settings.compute_type, settings.threads, settings.beam,
+             len(sources), length, len(points))
+    unpruned_build = kept(*dims["heads"], *dims["ffn"])
+    ratios, references = ratios_to_unpruned(unpruned_build, {name: kept(*at) for name, at in points.items()},
+                                            model_cfg, dictionaries, sources, length, settings)
+    full = statistics.median(references)
+    seconds = {name: full * ratio for name, ratio in ratios.items()}
 
     def family(prefix: str) -> Dict[int, float]:
-        """One family's curve: the unpruned point is the median of all five (one slow round of one of them would
-        otherwise shift the whole family's savings), and latency may not fall as units are added (pooled)."""
-        points = {int(name.split()[1]): value for name, value in seconds.items() if name.startswith(prefix + " ")}
-        points[max(points)] = full
-        return monotone(points)
+        """One family's curve, the unpruned point its end; latency may not fall as units are added (pooled)."""
+        curve = {int(name.split()[1]): value for name, value in seconds.items() if name.startswith(prefix + " ")}
+        top = {"encoder_heads": dims["heads"][0], "decoder_heads": dims["heads"][1], "encoder_ffn": dims["ffn"][0],
+               "decoder_ffn": dims["ffn"][1]}[prefix]
+        return monotone({**curve, top: full})
 
-    table = LatencyTable(unpruned=full, encoder_heads=family("encoder_heads"), decoder_heads=family("decoder_heads"),
-                         encoder_ffn=family("encoder_ffn"), decoder_ffn=family("decoder_ffn"),
-                         layers={"encoder": n_enc, "decoder": n_dec}, key=key)
+    table = LatencyTable(full, *(family(prefix) for prefix in FAMILIES), layers={"encoder": n_enc, "decoder": n_dec},
+                         key=key)
+    table.joint = {name: {"heads": list(points[name][:2]), "ffn": list(points[name][2:]), "seconds": seconds[name],
+                          "additive": table.predict(*joint_mask(points[name], n_enc, n_dec))}
+                   for name in points if name.startswith("joint ")}
+    table.interaction = interaction(table, n_enc, n_dec)
     write_json(path, table.to_json())
     return table
+
+
+def joint_mask(point: Tuple[int, int, int, int], n_enc: int, n_dec: int) -> Tuple[Dict[str, int], Dict[str, list]]:
+    """A point as predict()'s arguments: the heads per stack, every layer's FFN width."""
+    return ({"encoder": point[0], "decoder": point[1]}, {"encoder": [point[2]] * n_enc, "decoder": [point[3]] * n_dec})
+
+
+def interaction(table: LatencyTable, n_enc: int, n_dec: int) -> float:
+    """γ, the least-squares fit of `measured = additive + γ Σ_{f<g} s_f s_g / unpruned` on the joint points."""
+    num = den = 0.0
+    for point in table.joint.values():
+        savings = table.savings(*joint_mask((*point["heads"], *point["ffn"]), n_enc, n_dec))
+        pairs = sum(a * b for a, b in itertools.combinations(savings.values(), 2)) / table.unpruned
+        num += pairs * (point["seconds"] - point["additive"])
+        den += pairs * pairs
+    # within [-1, 1]: each join then still takes time (the search bisects on it), whatever the timings' noise
+    return max(-1.0, min(1.0, num / den)) if den > 0 else 0.0
+
+
+def ratios_to_unpruned(unpruned: Callable[[], object], points: Dict[str, Callable[[], object]], model_cfg,
+                       dictionaries, sources: List[list], length: int,
+                       settings: LatencySettings) -> Tuple[Dict[str, float], List[float]]:
+    """Each point's seconds per sentence over the unpruned model's, timed alternately with it (`rounds` each, the
+    best of each side): {name: ratio}, and the unpruned model's seconds per sentence beside each point. Two models
+    in memory at most: the unpruned one, loaded once, and the point's, written, timed and removed in its turn."""
+    ctranslate2 = import_ctranslate2("prune.latency_budget")
+    fixed = forced(length, length, None, len(sources))
+
+    def timing(translator) -> float:
+        return 1.0 / timed_sentences_per_s(translator, sources, settings.beam, fixed, settings.min_seconds)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        def loaded(name: str, build: Callable[[], object]):
+            folder = Path(tmp) / name.replace(" ", "_")
+            folder.mkdir()
+            save(model_spec(build(), model_cfg, *dictionaries), folder, settings.compute_type)
+            translator = ctranslate2.Translator(str(folder), device=settings.device, intra_threads=settings.threads)
+            translator.translate_batch(sources[:8], beam_size=settings.beam, **forced(length, length, None, 8))
+            return folder, translator
+
+        _, reference = loaded("unpruned", unpruned)
+        ratios, references = {}, []
+        for done, (name, build) in enumerate(points.items(), 1):
+            folder, translator = loaded(name, build)
+            best_reference, best = zip(*[(timing(reference), timing(translator)) for _ in range(settings.rounds)])
+            ratios[name] = min(best) / min(best_reference)
+            references.append(min(best_reference))
+            del translator
+            shutil.rmtree(folder)
+            log.info("latency table: %d/%d %s at %.3f of the unpruned latency", done, len(points), name, ratios[name])
+    return ratios, references
 
 
 def calibrated(search: Callable[[float], object], measure: Callable[[object, float], float], budget: float,
