@@ -1,6 +1,7 @@
 """MoA attention (hprune_fairseq.moa) against references written differently, its losses against closed forms,
 and the hprune_moa model's incremental decoding against full-sequence decoding."""
 import argparse
+import json
 import math
 import types
 
@@ -367,3 +368,18 @@ def test_counted_macs_match_the_closed_form(experts, top_k):
     D = module.head_dim
     per_token = 2 * top_k * C * D + 2 * C * D + C * experts + 2 * top_k * T * D
     assert macs == T * B * per_token
+
+
+def test_a_blocks_flops_are_written_even_when_it_fails(tmp_path):
+    """flops_written_to (HPRUNE_FLOPS_TO for a CLI verb, the real-size bench): a matmul and a linear layer counted
+    as their closed forms, 2·m·k·n each, written at the block's end, also when the block raises."""
+    from hprune.flops import flops_written_to
+    path = tmp_path / "flops.json"
+    with flops_written_to(str(path)):
+        torch.ones(3, 4) @ torch.ones(4, 5)
+        torch.nn.Linear(5, 7)(torch.ones(2, 5))
+    assert json.loads(path.read_text()) == {"flops": 2 * 3 * 4 * 5 + 2 * 2 * 5 * 7}
+    with pytest.raises(ZeroDivisionError), flops_written_to(str(path)):
+        torch.ones(2, 2) @ torch.ones(2, 2)
+        1 / 0
+    assert json.loads(path.read_text()) == {"flops": 16}

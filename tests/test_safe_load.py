@@ -3,6 +3,7 @@ import argparse
 import os
 import pickle
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +89,23 @@ def test_non_fairseq_file_is_reported(tmp_path):
     with pytest.raises(CorruptCheckpointError, match="no 'model' entry"):
         load_checkpoint(path)
     assert zipfile.is_zipfile(path)
+
+
+def test_training_maps_the_model_it_starts_from_but_reads_its_own_resume_point(tmp_path):
+    """backend.training.starting_model_mapped: a checkpoint outside the save dir is mapped (its pages in
+    /proc/self/maps, not read into memory), one inside it read as before; the same tensors either way."""
+    from hprune.backend.training import starting_model_mapped
+    save_dir = tmp_path / "checkpoints"
+    save_dir.mkdir()
+    state = {"model": {"w": torch.arange(300_000, dtype=torch.float32)}}
+    start, resume = tmp_path / "start.pt", save_dir / "checkpoint_last.pt"
+    for path in (start, resume):
+        torch.save(state, path)
+    with starting_model_mapped(save_dir):
+        with open(start, "rb") as f:  # as fairseq's load_checkpoint_to_cpu reads
+            started = torch.load(f, map_location="cpu")
+        with open(resume, "rb") as f:
+            resumed = torch.load(f, map_location="cpu")
+        maps = Path("/proc/self/maps").read_text()
+    assert str(start) in maps and str(resume) not in maps
+    assert torch.equal(started["model"]["w"], state["model"]["w"]) and torch.equal(resumed["model"]["w"], state["model"]["w"])

@@ -4,12 +4,16 @@ random weights (no download; cost does not depend on the weights) and their own 
 sentencepiece or BPE model, the vocabulary padded to the real size with words the text never meets, as fairseq pads
 a dictionary). Random weights would translate to the length limit, so every hypothesis is forced to LENGTH tokens.
 
-For each model, each verb in a process of its own (wall time, and the peak resident memory (VmHWM) of the
-process and its children, polled): the import of the Hugging Face folder; `hprune eval` (beam 4); Michel's
-importance; Kwon et al.'s pruning with `prune.units=[heads,neurons]` on CALIBRATION sentences (the default is 2,048:
-the cost per sentence is printed); Voita's gates (seconds per update); the latency table (CTranslate2 int8);
-`hprune export` to CTranslate2 with its parity check; and each verb's counted teraFLOPs (for a GPU's estimate).
-NLLB-200 3.3B: the import and its memory only. `python scripts/bench/real_sizes.py [NAME ...] [--verbs a,b]`.
+For each model, each verb in a process of its own (wall time; peak memory: the largest VmHWM of the process and its
+children, or their largest resident sum at one poll): the import of the Hugging Face folder; `hprune eval` (beam
+4); Michel's importance; Kwon et al.'s pruning with `prune.units=[heads,neurons]` on CALIBRATION sentences (the
+default is 2,048: cost per sentence); Voita's gates (VOITA_UPDATES updates on TRAIN sentences: fairseq's train_wall
+per update); the latency table (CTranslate2 int8), its prediction checked on four masks it did not time; a latency
+budget (BUDGET) searched with FFN neurons and met as measured; `hprune export` to CTranslate2 with its parity
+check; and each verb's counted teraFLOPs (torch.utils.flop_counter: the matrix products, for a GPU's estimate).
+NLLB-200 3.3B: the import and its memory only. Results go to --out (results.json, table.md, cost.png); a verb
+measured there already is not measured again (an interrupted bench resumes).
+`python scripts/bench/real_sizes.py [NAME ...] [--verbs a,b] [--device cuda]`.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-SENTENCES, WORDS, LENGTH, BEAM, CALIBRATION, VOITA_UPDATES = 16, 18, 24, 4, 16, 3
+SENTENCES, WORDS, LENGTH, BEAM, CALIBRATION, VOITA_UPDATES, TRAIN = 16, 18, 24, 4, 16, 4, 400
 THREADS = int(os.environ.get("HPRUNE_BENCH_THREADS", "2"))
 
 # the Hub's config.json of each (only what differs from the config class's defaults)
@@ -124,12 +128,13 @@ def build_hf(folder: Path, spec: dict, corpus: list[str]) -> tuple[Path, tuple[s
 
 
 # ---------------------------------------------------------------------------------------------------- measuring
-def peak_kib(pid: int) -> int:
-    """VmHWM of a process, 0 when it is gone."""
+def memory_kib(pid: int) -> tuple[int, int]:
+    """(VmHWM, VmRSS) of a process, zeros when it is gone."""
     try:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1))
+        status = Path(f"/proc/{pid}/status").read_text()
+        return tuple(int(re.search(rf"{key}:\s+(\d+) kB", status).group(1)) for key in ("VmHWM", "VmRSS"))
     except (OSError, AttributeError):
-        return 0
+        return 0, 0
 
 
 def descendants(pid: int) -> list[int]:
@@ -143,18 +148,24 @@ def descendants(pid: int) -> list[int]:
 
 
 def measured(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    """Run cmd; its wall time and the largest VmHWM among it and its descendants (polled every 0.2 s; VmHWM is
-    the process's own peak, so a poll misses only a process that lives less than 0.2 s)."""
+    """Run cmd; its wall time and peak memory: the largest VmHWM among it and its descendants, or the largest
+    sum of their resident memory at one poll where several processes hold memory at once (polled every 0.2 s;
+    VmHWM is a process's own peak, so a poll misses only a process that lives less than 0.2 s)."""
     started = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
     peaks: dict[int, int] = {}
+    together = [0]
 
     def poll() -> None:
         while proc.poll() is None:
+            resident = 0
             for pid in [proc.pid] + descendants(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0), peak_kib(pid))
+                peak, now = memory_kib(pid)
+                peaks[pid] = max(peaks.get(pid, 0), peak)
+                resident += now
+            together[0] = max(together[0], resident)
             time.sleep(0.2)
 
     watcher = threading.Thread(target=poll, daemon=True)
@@ -162,6 +173,7 @@ def measured(cmd: list[str], log: Path, env: dict | None = None) -> dict:
     proc.wait()
     watcher.join()
     seconds = time.perf_counter() - started
+    peaks[-1] = together[0]
     if proc.returncode != 0:
         tail = log.read_text()[-2500:]
         return {"failed": f"exit {proc.returncode}", "seconds": seconds, "peak_gib": max(peaks.values(), default=0) / 2**20,
@@ -210,8 +222,9 @@ print(json.dumps({"open_s": opened, "verb_s": time.perf_counter() - started,
 
 def settings(data: Path, languages: tuple[str, str] | None, device: str) -> dict:
     sets = {"src": str(data / "src.txt"), "tgt": str(data / "tgt.txt")}
+    train = {"src": str(data / "train.src.txt"), "tgt": str(data / "train.tgt.txt")}  # Voita's updates: no epoch ends
     pair = {"data.src_lang": languages[0], "data.tgt_lang": languages[1]} if languages else {}
-    return {"device": device, **pair, "data.test_sets": [sets], "data.valid_sets": [sets], "data.train_sets": [sets],
+    return {"device": device, **pair, "data.test_sets": [sets], "data.valid_sets": [sets], "data.train_sets": [train],
             "generation.beam": BEAM, "generation.max_len_a": 0, "generation.max_len_b": LENGTH,
             "generation.min_len": LENGTH, "generation.batch_size": SENTENCES}
 
@@ -283,9 +296,14 @@ def details(verb: str, out: Path, log: Path) -> dict:
     if verb in ("michel", "latency"):
         return json.loads(log.read_text().strip().splitlines()[-1])
     metrics = json.loads((out / "metrics.json").read_text())
+    if verb == "voita":  # fairseq's train_wall of each logged update after the first (one a line: log_interval 1)
+        inner = re.findall(r"\[train_inner\].*?wpb=([\d.]+).*?train_wall=(\d+)", (out / "prune.log").read_text())
+        metrics["seconds_per_update"] = sorted(float(wall) for _, wall in inner[1:])[len(inner[1:]) // 2] \
+            if len(inner) > 1 else None
+        metrics["tokens_per_update"] = float(inner[-1][0]) if inner else None
     keep = {k: v for k, v in metrics.items() if k.startswith(("seconds", "latency_")) or k in
-            ("bleu", "sentences_per_s", "parity", "translations_agree", "num_updates", "tflop", "kept_heads",
-             "kept_neurons")}
+            ("bleu", "sentences_per_s", "translations_differ", "parity_max_log_prob_diff", "speedup_ctranslate2",
+             "num_updates", "kept_heads", "kept_neurons", "tokens_per_update")}
     return keep
 
 
@@ -358,7 +376,7 @@ def main() -> None:
     saved = out / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
     corpus = text(4000, seed=1)
-    test = text(SENTENCES, seed=2)
+    test, train = text(SENTENCES, seed=2), text(TRAIN, seed=3)
     print(f"  {SENTENCES} sentences of {WORDS} words, hypotheses forced to {LENGTH} tokens, beam {BEAM}, "
           f"{THREADS} threads; fisher on {CALIBRATION} calibration sentences; Voita {VOITA_UPDATES} updates")
     for name in args.names:
@@ -377,6 +395,8 @@ def main() -> None:
             data.mkdir()
             write(data / "src.txt", test)
             write(data / "tgt.txt", test)
+            write(data / "train.src.txt", train)
+            write(data / "train.tgt.txt", train)
             started = time.perf_counter()
             builder = build_fairseq if spec["family"] == "fairseq" else build_hf
             source, languages, parameters = builder(work / name, spec, corpus)

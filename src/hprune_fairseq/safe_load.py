@@ -42,11 +42,14 @@ def allow_fairseq_checkpoint_globals() -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """Load a checkpoint onto the CPU with torch's weights-only unpickler."""
+    """Load a checkpoint onto the CPU with torch's weights-only unpickler. A zip-format file (torch ≥ 1.6's) is
+    mapped, not read: a tensor's bytes are read when it is used, so what a caller does not use (the optimizer's
+    state beside the weights: twice their size with Adam) costs no memory, and what it copies into a model is
+    page cache the system can take back (the caller must not keep the tensors past the file's next rewrite)."""
     path = Path(path)
     allow_fairseq_checkpoint_globals()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as err:
         # the zip format can be listed; for the legacy format, torch's message names the first refused global
         unsafe = _unsafe_globals(path) or re.findall(r"Unsupported global: GLOBAL ([\w.]+)", str(err))

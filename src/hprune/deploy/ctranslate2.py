@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -572,10 +572,26 @@ PARITY_REFERENCES = 200  # reference translations whose log-probabilities the ex
 def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     """A CTranslate2 model directory with the model's subword files and a README, checked against hprune's model
     under the mask before it is kept (check_parity), its speed measured against the unpruned model's."""
+    dest = out / "ctranslate2"
+    metrics, parity, sentences, prefix = checked_export(evaluator, mask, dest, out, cfg)
+    speed, length = speed_against_unpruned(evaluator, dest, cfg, prefix)  # (the pruned fp32 copy freed by now)
+    metrics.update(speed_metrics(speed, length))
+    print(summary(metrics, dest, cfg, sentences, parity))
+    return metrics
+
+
+def checked_export(evaluator, mask: dict, dest: Path, out: Path, cfg) -> Tuple[dict, "Parity", int, Optional[str]]:
+    """The export written into `dest` and checked (export), both runtimes' translations saved in `out`: its
+    metrics, Parity, the sentences checked and the target language token translations start from."""
     session = evaluator.session
     model = session.pruned_copy(mask)
-    spec = model_spec(model, session.model_config, *session.dictionaries)  # what it cannot hold: now
-    dest = out / "ctranslate2"
+    model_spec(model, session.model_config, *session.dictionaries)  # what it cannot hold: refused now
+    layout = layout_metrics(evaluator, model, mask, dest, cfg)
+    del model  # made again where it is written: never beside a CTranslate2 model (NLLB-1.3B: 5.5 GB each)
+
+    def spec_of_pruned():
+        return model_spec(session.pruned_copy(mask), session.model_config, *session.dictionaries)
+
     shutil.rmtree(dest, ignore_errors=True)  # an export run again into the same run dir is written anew
     subwords = session.prepared.subword_files()
     checked_on = CheckedSplit.of(session, cfg)
@@ -584,8 +600,8 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     built = {}
 
     def build(staging: Path) -> None:
-        built["translations"], built["parity"] = write_checked_model(staging, evaluator, mask, model, spec, cfg, checked_on,
-                                                               masked.symbols)
+        built["translations"], built["parity"] = write_checked_model(staging, evaluator, mask, spec_of_pruned, cfg,
+                                                                     checked_on, masked.symbols)
         write_usage(staging, session, subwords, cfg)
 
     build_once(dest, "README.md", build)
@@ -596,13 +612,10 @@ def export(evaluator, mask: dict, out: Path, cfg) -> dict:
     run.save_hypotheses("ctranslate2", theirs, [])
     metrics = {"split": cfg.split, "bleu": quality.bleu, "bleu_hprune": hprune_quality.bleu,
                "bleu_signature": quality.bleu_signature,
-               "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)), **parity.metrics()}
-    speed, length = speed_against_unpruned(evaluator, dest, cfg, checked_on.prefix)
-    metrics.update(layout_metrics(evaluator, model, mask, dest, cfg), subword_files=[p.name for p in subwords],
-                   speed_split=cfg.speed_split)
-    metrics.update(speed_metrics(speed, length))
-    print(summary(metrics, dest, cfg, len(theirs), parity))
-    return metrics
+               "translations_differ": sum(a != b for a, b in zip(theirs, masked.hypotheses)), **parity.metrics(),
+               **layout, "subword_files": [p.name for p in subwords],
+               "speed_split": cfg.speed_split}
+    return metrics, parity, len(theirs), checked_on.prefix
 
 
 @dataclass(frozen=True)
@@ -620,13 +633,14 @@ class CheckedSplit:
         return cls(sources, length_limits(sources, cfg.generation, session.max_target_positions), prefix)
 
 
-def write_checked_model(staging: Path, evaluator, mask: dict, model, spec, cfg, split: CheckedSplit,
-                  ours: List[List[str]]) -> Tuple[List[List[str]], Parity]:
-    """The float32 model written into `staging` and checked against hprune's under the mask (`ours`: its
-    translations, as target symbols) before anything is kept; then, where a quantization is asked for, written
-    again quantized. Returns the kept model's translations and the float32 model's Parity."""
+def write_checked_model(staging: Path, evaluator, mask: dict, spec_of: Callable[[], object], cfg, split: CheckedSplit,
+                        ours: List[List[str]]) -> Tuple[List[List[str]], Parity]:
+    """The float32 model (spec_of(): its spec, made anew for each writing, freed once written) written into
+    `staging` and checked against hprune's under the mask (`ours`: its translations, as target symbols) before
+    anything is kept; then, where a quantization is asked for, written again quantized. Returns the kept model's
+    translations and the float32 model's Parity."""
     session = evaluator.session
-    save(spec, staging, "none")
+    save(spec_of(), staging, "none")
     with session.masked(mask):
         translations, parity = check_parity(
             str(staging), split.sources, ours, cfg.generation, split.limits,
@@ -638,7 +652,7 @@ def write_checked_model(staging: Path, evaluator, mask: dict, model, spec, cfg, 
     if cfg.quantization not in ("none", "float32"):
         for path in staging.iterdir():
             path.unlink()
-        save(model_spec(model, session.model_config, *session.dictionaries), staging, cfg.quantization)
+        save(spec_of(), staging, cfg.quantization)
         translations = translate(str(staging), split.sources, cfg.generation, split.limits, session.device,
                                  cfg.threads, split.prefix)
     return translations, parity
@@ -656,8 +670,9 @@ def write_usage(staging: Path, session, subwords: List[Path], cfg) -> None:
 
 def speed_against_unpruned(evaluator, dest: Path, cfg, prefix: Optional[str]) -> Tuple[Dict[str, dict], int]:
     """Sentences/s in CTranslate2 of the export and of the unpruned model written the same way, on the speed split:
-    as each decodes ("free"), and with every translation the sources' mean length ("fixed": the same decoding
-    steps). Returns both and that length."""
+    as each decodes ("free", up to the generation settings' limit for the longest source, as hprune translates),
+    and with every translation the sources' mean length ("fixed": the same decoding steps). Returns both and that
+    length."""
     session = evaluator.session
     with tempfile.TemporaryDirectory() as unpruned:
         save(model_spec(session.pruned_copy(session.unpruned_mask()), session.model_config, *session.dictionaries),
@@ -666,7 +681,8 @@ def speed_against_unpruned(evaluator, dest: Path, cfg, prefix: Optional[str]) ->
         length = max(1, round(sum(map(len, sources)) / len(sources)))  # the sources' mean length
         measured = sentences_per_s(models, sources, cfg.generation.beam, cfg.threads, device=session.device,
                                    lengths=(None, length), prefix=prefix,
-                                   max_length=min(256, session.max_target_positions - 1))
+                                   max_length=min(256, max(length_limits(sources, cfg.generation,
+                                                                         session.max_target_positions))))
     return {"free": measured[None], "fixed": measured[length]}, length
 
 

@@ -84,6 +84,7 @@ class LatencyTable:
     key: str = ""
     interaction: float = 0.0
     joint: Dict[str, dict] = field(default_factory=dict)
+    ratios: Dict[str, float] = field(default_factory=dict)  # each point as timed: over the unpruned beside it
 
     def ffn_saving(self, stack: str, width: int) -> float:
         """What one layer of `stack` saves with its FFN at `width` (linear between the widths timed)."""
@@ -274,14 +275,16 @@ def latency_table(model, pruned_copy: Callable[[dict], object], model_cfg, dicti
     seconds = {name: full * ratio for name, ratio in ratios.items()}
 
     def family(prefix: str) -> Dict[int, float]:
-        """One family's curve, the unpruned point its end; latency may not fall as units are added (pooled)."""
-        curve = {int(name.split()[1]): value for name, value in seconds.items() if name.startswith(prefix + " ")}
+        """One family's curve, ending at the unpruned latency; latency may not fall as units are added (pooled),
+        nor exceed the unpruned model's."""
+        curve = monotone({int(name.split()[1]): value for name, value in seconds.items()
+                          if name.startswith(prefix + " ")})
         top = {"encoder_heads": dims["heads"][0], "decoder_heads": dims["heads"][1], "encoder_ffn": dims["ffn"][0],
                "decoder_ffn": dims["ffn"][1]}[prefix]
-        return monotone({**curve, top: full})
+        return {**{k: min(v, full) for k, v in curve.items()}, top: full}
 
     table = LatencyTable(full, *(family(prefix) for prefix in FAMILIES), layers={"encoder": n_enc, "decoder": n_dec},
-                         key=key)
+                         key=key, ratios={name: round(ratio, 4) for name, ratio in ratios.items()})
     table.joint = {name: {"heads": list(points[name][:2]), "ffn": list(points[name][2:]), "seconds": seconds[name],
                           "additive": table.predict(*joint_mask(points[name], n_enc, n_dec))}
                    for name in points if name.startswith("joint ")}
