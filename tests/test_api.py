@@ -200,3 +200,19 @@ def test_a_model_changed_in_place_is_put_back_and_one_whose_structure_changed_is
     with model._unchanged(True):
         del model.session.model.gate  # folded
     assert model.session.reopened == Path("c.pt") and hasattr(model.session.model, "gate")
+
+
+def test_a_parked_model_frees_its_weights_and_gets_them_back(model, tmp_path):
+    """Session.parked (while fairseq-train runs in this process): every parameter and buffer emptied, then the
+    same values back, tied weights still one tensor, the file it was parked in gone."""
+    import torch
+    session = model.session
+    before = {name: t.detach().clone() for name, t in session.model.state_dict().items()}
+    tied = [(a, b) for a, pa in session.model.named_parameters(remove_duplicate=False)
+            for b, pb in session.model.named_parameters(remove_duplicate=False) if a < b and pa is pb]
+    with session.parked(tmp_path):
+        assert all(t.numel() == 0 for t in session.model.parameters())
+    after = session.model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    model_params = dict(session.model.named_parameters(remove_duplicate=False))
+    assert all(model_params[a] is model_params[b] for a, b in tied) and not list(tmp_path.iterdir())

@@ -43,8 +43,7 @@ MODELS = {
         scale_embedding=True)),
     "mbart-large-50": dict(family="mbart50", vocab=250054, config=dict(
         d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16, decoder_attention_heads=16,
-        encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024, activation_function="gelu",
-        scale_embedding=True)),
+        encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024, activation_function="gelu")),
     "nllb-200-distilled-600M": dict(family="nllb", vocab=256206, config=dict(
         d_model=1024, encoder_layers=12, decoder_layers=12, encoder_ffn_dim=4096, decoder_ffn_dim=4096)),
     "m2m100_1.2B": dict(family="m2m100", vocab=128112, config=dict(
@@ -107,7 +106,9 @@ def build_fairseq(folder: Path, spec: dict, corpus: list[str]) -> tuple[Path, No
     torch.manual_seed(0)
     model = task.build_model(args)
     args.data = ""  # as published: no path of the machine it was trained on
-    torch.save({"args": args, "model": model.state_dict(), "extra_state": {}, "optimizer_history": []},
+    history = [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
+                "lr_scheduler_state": {"best": None}, "num_updates": 0}]  # as the published checkpoints hold
+    torch.save({"args": args, "model": model.state_dict(), "extra_state": {}, "optimizer_history": history},
                folder / "model.pt")
     return folder / "model.pt", None, sum(p.numel() for p in model.parameters())
 
@@ -220,11 +221,12 @@ print(json.dumps({"open_s": opened, "verb_s": time.perf_counter() - started,
 """
 
 
-def settings(data: Path, languages: tuple[str, str] | None, device: str) -> dict:
+def settings(data: Path, languages: tuple[str, str] | None, device: str, fairseq: bool = False) -> dict:
     sets = {"src": str(data / "src.txt"), "tgt": str(data / "tgt.txt")}
     train = {"src": str(data / "train.src.txt"), "tgt": str(data / "train.tgt.txt")}  # Voita's updates: no epoch ends
     pair = {"data.src_lang": languages[0], "data.tgt_lang": languages[1]} if languages else {}
-    return {"device": device, **pair, "data.test_sets": [sets], "data.valid_sets": [sets], "data.train_sets": [train],
+    kind = {"data": "pretrained"} if fairseq else {}  # a published fairseq model's folder (an HF one implies it)
+    return {**kind, "device": device, **pair, "data.test_sets": [sets], "data.valid_sets": [sets], "data.train_sets": [train],
             "generation.beam": BEAM, "generation.max_len_a": 0, "generation.max_len_b": LENGTH,
             "generation.min_len": LENGTH, "generation.batch_size": SENTENCES}
 
@@ -250,7 +252,7 @@ def checks(spec: dict) -> list:
 
 def run_verbs(name: str, spec: dict, ckpt: Path, languages, data: Path, work: Path, verbs: list[str],
               device: str) -> dict:
-    common = settings(data, languages, device)
+    common = settings(data, languages, device, spec["family"] == "fairseq")
     env = {"HPRUNE_DATA_ROOT": str(work / "data-bin"), "OMP_NUM_THREADS": str(THREADS)}
     cli = [str(BIN / "hprune")]
     base = [f"ckpt={ckpt}", *overrides(common)]
@@ -399,7 +401,11 @@ def main() -> None:
             write(data / "train.tgt.txt", train)
             started = time.perf_counter()
             builder = build_fairseq if spec["family"] == "fairseq" else build_hf
-            source, languages, parameters = builder(work / name, spec, corpus)
+            try:
+                source, languages, parameters = builder(work / name, spec, corpus)
+            except Exception as err:  # one model that cannot be built: said, and the others measured
+                print(f"  {name}: NOT BUILT ({type(err).__name__}: {err})", flush=True)
+                continue
             print(f"  {name}: {parameters / 1e6:.0f} M parameters, built in {time.perf_counter() - started:.0f} s",
                   flush=True)
             rows = {**done, "parameters": parameters}

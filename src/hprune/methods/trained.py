@@ -31,7 +31,8 @@ def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: st
         options = options + ["--plugin-modules", ",".join(plugins)]
     argv = continue_training_argv(start.session, save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
     started = time.perf_counter()
-    backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
+    with start.session.parked(out):  # the trainer's model beside it, not a second copy of the weights
+        backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
     return start.reopen(RunDir(out).checkpoint(LAST)), round(time.perf_counter() - started, 3)
 
 
