@@ -79,7 +79,7 @@ def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "trai
     speed = (start_workers(argv, workers.world_size, label, timeout) if workers.starts_workers
              else run_worker(argv, label, timeout))
     gc.collect()  # fairseq's trainer (model, gradients, Adam's moments) is held in cycles: freed now, not at the
-    # next full collection, before the caller loads what it wrote (an NLLB-600M's 7 GiB, measured)
+    # next full collection, before the caller loads what it wrote
     update_freq = workers.update_freq if len(workers.update_freq) > 1 else workers.update_freq[0]
     return {"workers": workers.world_size, "update_freq": update_freq,
             "max_tokens_per_update": workers.max_tokens_per_update, **speed}
@@ -164,7 +164,7 @@ def _train_once_joined(cfg, label: str) -> None:
 def starting_model_mapped(save_dir: Path):
     """fairseq-train reads the model it continues from (--restore-file, outside the save dir) mapped, not into
     memory: its state dict is page cache the system can take back while the trainer's model, gradients and Adam's
-    moments are built beside it (NLLB-1.3B's 5.5 GB; Voita's gates there were killed at 22.6 GiB without it).
+    moments are built beside it (NLLB-1.3B's 5.5 GB).
     A resume point in the save dir is read as before: fairseq copies over it in place while Adam's moments, loaded
     from it, would still be mapped."""
     original = torch.load

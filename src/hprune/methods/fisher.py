@@ -352,7 +352,8 @@ def damped_toward_one(gram: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The reference's solver (utils/linalg.py: cupyx LSMR with damp=1 on the normal equations, for δ = s - 1):
     δ minimises ‖Gδ - (t - G·1)‖² + ‖δ‖² (at convergence (G² + I)⁻¹ G (t - G·1)), by scipy's LSMR with the
     reference's defaults: matrix-vector products, where the closed form's G² and solve take 8/3 n³ operations
-    (about a minute a layer at NLLB-1.3B's 8,192 neurons on one core, LSMR a few seconds)."""
+    (0.96 s a layer at 2,048 neurons on one core, growing as n³ to about a minute at NLLB-1.3B's 8,192; LSMR
+    0.17 s at 2,048)."""
     from scipy.sparse.linalg import lsmr
     ones = torch.ones_like(target)
     rest = (target - gram @ ones).numpy()
