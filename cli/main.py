@@ -20,6 +20,8 @@ VERBS = {
     "prune": ("hprune.runner.prune", "`hprune prune --method {prune} ckpt=PATH`: which heads go, and what it costs"),
     "export": ("hprune.runner.export", "`hprune export ckpt=PATH [mask=head_mask.json] format={export}`: "
                                        "the pruned model for a runtime"),
+    "recover": ("hprune.runner.recover", "`hprune recover ckpt=MODEL mask=RUN recovery.loss=ce|word|sequence`: the pruned "
+                                         "model trained on, the unpruned one its teacher"),
     "analyze": ("hprune.runner.analyze", "head roles (positional, syntactic, rare-token, confidence) of a checkpoint"),
     "report": ("hprune.runner.report", "`hprune report DIR ...`: methods compared (matched sparsity, MACs, seeds), "
                                        "controls, MoA, plots"),

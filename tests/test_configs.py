@@ -9,7 +9,8 @@ from hydra.core.global_hydra import GlobalHydra
 CONFIG_DIR = Path(hprune_configs.__file__).parent
 GROUPS = {"train": ["data", "model", "optim", "experiment"], "eval": ["data", "generation", "experiment"],
           "data": ["data", "experiment"], "prune": ["prune", "data", "generation", "experiment"],
-          "analyze": ["data", "experiment"], "export": ["export", "data", "generation", "experiment"]}
+          "analyze": ["data", "experiment"], "export": ["export", "data", "generation", "experiment"],
+          "recover": ["recovery", "data", "generation", "experiment"]}
 
 
 def options(group):

@@ -315,6 +315,40 @@ def test_the_frontier_marks_the_runs_no_other_beats_in_both():
                                                                            "r5": 90.0}, nan_ok=True)
 
 
+def test_the_frontier_holds_the_unpruned_model_each_recovery_and_the_timing_noise(tmp_path):
+    """The unpruned model is the reference point (100 %, its BLEU); a run whose latency is within its timing rounds
+    of the unpruned model's is beaten by it (faster- or slower-looking by noise is neither); a recovery (a run's own stage,
+    or `hprune recover` of the run) is a point at the pruned model's latency and MACs; every point has its MACs."""
+    from hprune.reporting.collect import Collection
+    from hprune.reporting.tables import frontier
+    nan = float("nan")
+    fisher = tmp_path / "fisher"
+    runs = pd.DataFrame({
+        "checkpoint": ["a"] * 5, "run": ["michel", str(fisher), "close", "all", str(tmp_path / "kd")],
+        "verb": ["prune", "prune", "prune", "prune", "recover"], "method": ["michel", "fisher", "fisher", "michel", nan],
+        "bleu": [90.0, 70.0, 99.5, 100.0, nan], "bleu_unpruned": [100.0, 100.0, 100.0, 100.0, nan],
+        "latency_pct_measured": [105.0, 80.0, 99.0, 96.0, nan], "latency_pct_low": [98.0, 78.0, 96.0, 94.0, nan],
+        "latency_pct_high": [110.0, 83.0, 103.0, 101.0, nan],
+        "macs_per_token_pruned": [60.0, 50.0, 90.0, 100.0, nan],
+        "macs_per_token_unpruned": [100.0, 100.0, 100.0, 100.0, nan],
+        "bleu_recovered": [nan, 95.0, nan, nan, 97.0], "bleu_before_recovery": [nan, 70.0, nan, nan, 70.0],
+        "recovery_loss": [nan, "word", nan, nan, "sequence"], "recovery_updates": [nan, 300, nan, nan, 300],
+        "recovery_seconds": [nan, 60.0, nan, nan, 70.0], "p_recovered_vs_pruned": [nan, 0.001, nan, nan, 0.001],
+        "p_recovered_vs_unpruned": [nan, 0.01, nan, nan, 0.2],
+        "mask": [nan, nan, nan, nan, str(fisher / "head_mask.json")]})
+    table = frontier(Collection(runs, pd.DataFrame()))
+    table["name"] = table["method"] + " " + table["stage"]
+    assert sorted(table["name"]) == ["fisher + sequence recovered", "fisher + word recovered", "fisher pruned",
+                                     "fisher pruned", "michel pruned", "michel pruned", "unpruned unpruned"]
+    # "all": every head kept, timed at 96 % (94-101 %): noise; the unpruned model stands for it
+    assert set(table.loc[table["frontier"], "name"]) == {"unpruned unpruned", "fisher + sequence recovered"}
+    recovered = table[table["stage"] == "recovered"]
+    assert (recovered["latency %"] == 80.0).all() and (recovered["model MACs %"] == 50.0).all()
+    assert not table["model MACs %"].isna().any()
+    from hprune.reporting.plots import frontier as draw
+    assert draw(table, tmp_path / "frontier.png").stat().st_size > 0
+
+
 def test_settings_that_cannot_work_are_refused(monkeypatch):
     """Before any work, one line each: a latency budget without ctranslate2 (names the extra), outside (0, 1],
     units that are not heads or neurons (an MoA model's experts are its heads)."""

@@ -47,7 +47,7 @@ LAYERS = [
     {"data"},
     {"checkpoint_ref"},
     {"session", "evaluation", "head_analysis"},
-    {"methods"},
+    {"methods", "recovery"},
     {"api"},
     {"runner", "worker"},
 ]

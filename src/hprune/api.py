@@ -10,6 +10,7 @@
     run = model.prune("fisher", "runs/fisher", macs_budget=0.5)   # `hprune prune --method fisher`
     model.analyze("runs/roles", mask=run.folder / "head_mask.json")   # `hprune analyze`: which roles survived
     model.export("runs/ct2", mask=run.mask)                 # `hprune export`
+    model.recover("runs/kd", mask=run.folder, **{"recovery.updates": 400})   # `hprune recover`: distilled back
 
 Settings are the CLI's: keyword arguments are its overrides (`device="cpu"`, `**{"generation.beam": 4}`),
 composed by Hydra into each verb's config as `hprune <verb>` composes them. Those given to `open` apply to every
@@ -274,15 +275,62 @@ class Model:
         """A method's whole run into the folder `out`, as `hprune prune --method METHOD` (its curve, or its
         procedure; the latency in CTranslate2 with latency.measure=true)."""
         def work(cfg: DictConfig, folder: Path) -> dict:
+            from . import recovery
+
             found, p = checked_method(cfg), cfg.prune
+            if cfg.get("recovery") is not None:
+                recovery.check(cfg.recovery)
+            if recovery.wanted(cfg):  # recovery trains the physically pruned checkpoint the method writes
+                with open_dict(cfg):
+                    p.export = True
             metrics = found.prune(self.session, cfg, folder)
             if (cfg.latency.measure or p.get("latency_budget") is not None) and RunDir(folder).head_mask.exists():
                 self._add_latency(cfg, metrics, self.session.read_mask(RunDir(folder).head_mask))
+            if recovery.wanted(cfg):
+                metrics.update(self._recovered(cfg, folder))
             return metrics
 
         metrics = self._run("prune", out, {"prune": method, **self._prune_settings(settings)}, cfg, work)
         mask_file = RunDir(Path(out)).head_mask
         return Pruned(method, Path(out), metrics, HeadMask.read(mask_file, self.module) if mask_file.exists() else None)
+
+    def _recovered(self, cfg: DictConfig, folder: Path) -> dict:
+        """The recovery stage of a method's run: its pruned checkpoint trained on (recovery.py), the teacher the
+        unpruned model as its checkpoint holds it (the method may have changed this session's in place)."""
+        from . import recovery
+        from .evaluation import Evaluator
+        from .rundir import PRUNED
+
+        start = RunDir(folder).checkpoint(PRUNED)
+        if not start.exists():
+            raise UserError(f"prune.method={cfg.prune.method} wrote no pruned checkpoint ({start}) to recover from")
+        with self.session.parked(folder):
+            found = recovery.recover(Evaluator.of(self.session.reopen(self.session.checkpoint), cfg), cfg, start,
+                                     folder)
+        print(recovery.summary(found))
+        return found
+
+    def recover(self, out: str | Path, mask: str | Path, cfg: Optional[DictConfig] = None, **settings) -> dict:
+        """The model pruned by `mask` (a `hprune prune` run folder, whose pruned checkpoint is the start when it
+        wrote one, or a head_mask.json) trained on for recovery.updates updates with recovery.loss, this model
+        its teacher, into the folder `out` (`hprune recover`); returns its metrics."""
+        from . import recovery
+        from .evaluation import Evaluator
+        from .pruning.heads import kept_columns
+
+        def work(cfg: DictConfig, folder: Path) -> dict:
+            recovery.check(cfg.recovery)
+            if cfg.recovery.updates < 1:
+                raise UserError("recovery.updates=0 trains nothing; pass recovery.updates=N (Adam updates)")
+            start, mask_file, written = recovery.start_of(self.session, Path(cfg.mask), folder)
+            found = {"mask": str(mask_file.resolve()), "recovery_start": str(start.resolve()),
+                     "recovery_start_written": written,
+                     **kept_columns(self.session.read_mask(mask_file)), **model_provenance(self.session),
+                     **recovery.recover(Evaluator.of(self.session, cfg), cfg, start, folder)}
+            print(recovery.summary(found))
+            return found
+
+        return self._run("recover", out, {**settings, "mask": str(mask)}, cfg, work)
 
     def _prune_settings(self, settings: dict) -> dict:
         top = verb_keys("prune") | {"hydra"} | OPENING
@@ -291,6 +339,8 @@ class Model:
     def _add_latency(self, cfg: DictConfig, metrics: dict, mask: Mask) -> None:
         if "latency_pct_measured" not in metrics:  # (a latency budget's search measured its own mask)
             metrics.update(latency_of(self.session, cfg, mask))
+        if "macs_per_token_pruned" not in metrics:  # (an export counted them): the frontier's MACs panel
+            metrics.update(model_macs_of(self.session, cfg, mask))
         metrics["latency_settings"] = {k: v for k, v in OmegaConf.to_container(cfg.latency).items() if k != "measure"}
         if "latency_pct_predicted" in metrics:  # how far a latency table's prediction held
             metrics["latency_prediction_ratio"] = round(metrics["latency_pct_predicted"]
@@ -379,13 +429,26 @@ OPENING = {"ckpt", "data", "paths", "device", "precision", "tensorboard"}  # wha
 PER_CALL = {"mask"}  # a call's own (evaluate(mask), export(out, mask), analyze(out, mask)), never carried over
 
 
+def model_macs_of(session, cfg: DictConfig, mask: Mask) -> dict:
+    """The whole model's MACs per target token under `mask`, counted on its physically pruned copy over the loss
+    split, against the model's own (as an export counts them)."""
+    from .evaluation import Evaluator
+    from .flops import macs_per_token
+
+    lengths = Evaluator.of(session, cfg).lengths()
+    with session.masked(None):
+        counted = {"pruned": macs_per_token(session.pruned_copy(mask), lengths),
+                   "unpruned": macs_per_token(session.model, lengths)}
+    return {f"{key}_{name}": value for name, macs in counted.items() for key, value in macs.items()}
+
+
 def latency_of(session, cfg: DictConfig, mask: Mask) -> dict:
     """The pruned model's latency in CTranslate2 against the unpruned model's (deploy/latency.py), as metrics."""
     from .deploy.latency import LatencySettings, latency_metrics, seconds_per_sentence
 
     settings = LatencySettings(**cfg.latency)
     seconds = seconds_per_sentence(session, mask, settings)
-    metrics = latency_metrics(seconds["pruned"] / seconds["unpruned"])
+    metrics = latency_metrics(seconds["pruned"] / seconds["unpruned"], seconds["ratios"])
     print(f"latency in CTranslate2 ({settings.compute_type}, {settings.threads} thread(s), beam {settings.beam}): "
           f"{metrics['latency_pct_measured']:g} % of the unpruned model's ({1 / seconds['pruned']:.1f} against "
           f"{1 / seconds['unpruned']:.1f} sentences/s)")

@@ -225,11 +225,16 @@ class Session:
         """An fp32 CPU copy of the model with only the heads and neurons `ids` names ({type: [[ids] per layer]})."""
         return backend.pruned_model(self.loaded, ids)
 
-    def write_pruned(self, mask: Mask, dest: Path, config_from: Optional[Path] = None) -> "Session":
+    def write_pruned(self, mask: Mask, dest: Path, config_from: Optional[Path] = None,
+                     reopen: bool = True) -> Optional["Session"]:
         """The checkpoint of the model with the heads `mask` drops physically removed, written to `dest` and
-        reopened. config_from: see backend.export_pruned. A model of its own vocabulary (data=pretrained) gets its
-        folder's files beside it (the kind's beside_checkpoint), so that verbs given it need no data=."""
-        if self.kind.beside_checkpoint is not None:
-            self.kind.beside_checkpoint(self.data, Path(dest).parent)
+        reopened (reopen=False: not). config_from: see backend.export_pruned."""
+        self.place_beside(Path(dest).parent)
         backend.export_pruned(self.loaded, kept_ids(mask), dest, config_from)
-        return self.reopen(dest)
+        return self.reopen(dest) if reopen else None
+
+    def place_beside(self, folder: Path) -> None:
+        """A model of its own vocabulary (data=pretrained) gets its folder's files beside a checkpoint written into
+        `folder` (the kind's beside_checkpoint), so that verbs given that checkpoint need no data=."""
+        if self.kind.beside_checkpoint is not None:
+            self.kind.beside_checkpoint(self.data, Path(folder))

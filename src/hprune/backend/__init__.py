@@ -68,6 +68,7 @@ from .training import (  # noqa: E402
     checkpoint_summary,
     repair_resume_point,
     train,
+    write_targets,
 )
 
 __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", "Loaded", "BeamSearchResult",
@@ -79,4 +80,4 @@ __all__ = ["AVERAGED", "HPRUNE_ARCHS", "MOA_ARCHS", "PLUGIN_DIR", "Checkpoint", 
            "pruned_model", "read_checkpoint", "repair_resume_point",
            "resolve_device", "sampled_batches", "split_lengths", "split_loss",
            "split_symbols", "split_targets", "symbols_to_text", "tensorboard_flags", "token_log_probs", "train", "train_argv",
-           "translate", "translate_each"]
+           "translate", "translate_each", "write_targets"]

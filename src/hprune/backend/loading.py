@@ -18,7 +18,7 @@ from hprune_fairseq.safe_load import CorruptCheckpointError, UnsafeCheckpointErr
 
 from ..attention_types import FFN_TYPES
 from ..errors import UserError
-from .compat import HPRUNE_ARCHS, check_precision, resolve_device, upgrade_checkpoint
+from .compat import HPRUNE_ARCHS, check_precision, freed_blocks_returned, resolve_device, upgrade_checkpoint
 from .training import save_checkpoint_atomic
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ FAIRSEQ_TRANSFORMERS = ("transformer", "transformer_tiny", "transformer_iwslt_de
                         "transformer_wmt_en_de_big", "transformer_wmt_en_de_big_t2t")
 TRANSLATION_TASKS = ("translation",)
 # criteria whose loss is the label-smoothed (or plain) cross-entropy that the `hprune` criterion computes
-KNOWN_CRITERIA = ("cross_entropy", "label_smoothed_cross_entropy", "hprune")
+KNOWN_CRITERIA = ("cross_entropy", "label_smoothed_cross_entropy", "hprune", "hprune_distill")
 
 
 def model_arch(model_cfg) -> Optional[str]:
@@ -159,6 +159,7 @@ def load_model(ckpt: Path | Checkpoint, data_dir: Path, device: str = "cpu", pre
     cfg.task.data = str(data_dir)
     task = tasks.setup_task(cfg.task)
     _check_vocabulary(checkpoint, task, data_dir)
+    freed_blocks_returned(max(getattr(cfg.model, "encoder_embed_dim", 0) or 0, getattr(cfg.model, "decoder_embed_dim", 0) or 0))
     model = task.build_model(cfg.model)
     try:
         model.load_state_dict(state["model"], strict=True, model_cfg=cfg.model)

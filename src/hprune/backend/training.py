@@ -24,7 +24,7 @@ from ..errors import JobFailed, UserError
 from ..files import replaced_atomically, write_atomic
 from ..launch import is_rank_zero, launched, worker_threads
 from ..rundir import AVERAGED, LAST
-from .compat import forget_best_checkpoint, frozen_heap, legacy_checkpoints_readable, to_omegaconf
+from .compat import forget_best_checkpoint, freed_blocks_returned, frozen_heap, legacy_checkpoints_readable, to_omegaconf
 from .distributed import init_timeout, join_slurm_step, plan, process_group_timeout, rank_flags, start_workers
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,35 @@ def binarize(text_dir: Path, dest_dir: Path, src: str, tgt: str, workers: int = 
         for handler in preprocess.logger.handlers[len(handlers):]:
             preprocess.logger.removeHandler(handler)
             handler.close()
+
+
+def write_targets(data_bin: Path, dest: Path, split: str, loaded, targets: Sequence[Sequence[str]]) -> None:
+    """A copy of `data_bin` (its files linked) whose `split` has `targets` (target symbols, one list a sentence in
+    the split's order, without eos) in place of its own, encoded with loaded's target dictionary: fairseq's
+    mmap indexed dataset, as fairseq-preprocess writes it. Built in a folder beside dest, renamed when whole."""
+    from fairseq.data import indexed_dataset
+
+    src, tgt = loaded.cfg.task.source_lang, loaded.cfg.task.target_lang
+    dictionary = loaded.task.target_dictionary
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        replaced = {f"{split}.{src}-{tgt}.{tgt}.bin", f"{split}.{src}-{tgt}.{tgt}.idx"}
+        for item in data_bin.iterdir():
+            if item.name not in replaced:
+                (tmp / item.name).symlink_to(item.resolve())
+        stem = tmp / f"{split}.{src}-{tgt}.{tgt}"
+        builder = indexed_dataset.make_builder(f"{stem}.bin", impl="mmap", vocab_size=len(dictionary))
+        for symbols in targets:
+            builder.add_item(torch.IntTensor([dictionary.index(s) for s in symbols] + [dictionary.eos()]))
+        builder.finalize(f"{stem}.idx")
+        (tmp / "done").write_text("")
+        if not (dest / "done").exists():  # (else another job built it meanwhile, and may be reading it)
+            shutil.rmtree(dest, ignore_errors=True)  # a folder half built by a killed job
+            os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def train(argv: Sequence[str], script: Optional[Path] = None, label: str = "train",
@@ -102,6 +131,7 @@ def run_worker(argv: Sequence[str], label: str, timeout: float) -> dict:
         torch.set_num_threads(worker_threads())  # the CPUs of this task, shared with the node's other workers
     args = options.parse_args_and_arch(options.get_training_parser(),
                                        input_args=[*argv, *rank_flags(cpu="--cpu" in argv)])
+    freed_blocks_returned(max(getattr(args, "encoder_embed_dim", 0) or 0, getattr(args, "decoder_embed_dim", 0) or 0))
     forget_best_checkpoint()  # of an earlier training in this process
     cfg = to_omegaconf(args)
     if workers.launcher == "slurm":

@@ -518,8 +518,8 @@ def check_parity(model_dir: str, sources: List[List[str]], ours: List[List[str]]
 
 def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: int, threads: int = 0,
                     rounds: int = 2, device: str = "cpu", lengths: Tuple[Optional[int], ...] = (None,),
-                    prefix: Optional[str] = None, max_length: int = 256,
-                    min_seconds: float = 0.0) -> Dict[Optional[int], Dict[str, float]]:
+                    prefix: Optional[str] = None, max_length: int = 256, min_seconds: float = 0.0,
+                    every: Optional[dict] = None) -> Dict[Optional[int], Dict[str, float]]:
     """Beam-search sentences/s of each CTranslate2 model directory on the same tokenized sources, measured
     alternately `rounds` times each after a warm-up (the best round: the least disturbed by the machine), for
     each of `lengths` ({length: {model: sentences/s}}; each model loaded once). A length: every hypothesis
@@ -528,7 +528,8 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
     decodes, up to `max_length` tokens (CTranslate2's default, 256, or fewer for a model with fewer positions).
     prefix: the target language token translations start from (a multilingual model). min_seconds: each timing
     translates the sources again until it has lasted this long (a small model's batch takes milliseconds, within
-    the machine's noise)."""
+    the machine's noise). every: a dict that gets each round's sentences/s ({length: {model: [per round]}}), for
+    the spread of the timings."""
     ctranslate2 = import_ctranslate2()
     translators = {name: ctranslate2.Translator(path, device=device, intra_threads=threads)
                    for name, path in model_dirs.items()}
@@ -538,11 +539,13 @@ def sentences_per_s(model_dirs: Dict[str, str], sources: List[List[str]], beam: 
     speed = {}
     for length in lengths:
         fixed = forced(length, max_length, prefix, len(sources))
-        best = {name: 0.0 for name in translators}
+        timings: Dict[str, List[float]] = {name: [] for name in translators}
         for _ in range(rounds):
             for name, translator in translators.items():
-                best[name] = max(best[name], timed_sentences_per_s(translator, sources, beam, fixed, min_seconds))
-        speed[length] = {name: round(value, 2) for name, value in best.items()}
+                timings[name].append(timed_sentences_per_s(translator, sources, beam, fixed, min_seconds))
+        speed[length] = {name: round(max(values), 2) for name, values in timings.items()}
+        if every is not None:
+            every[length] = timings
     return speed
 
 

@@ -35,7 +35,7 @@ import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UserError
 from ..files import write_json
@@ -166,9 +166,10 @@ def forced_length(settings: LatencySettings, sources: Sequence[list]) -> int:
 
 
 def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, sources: Sequence[list],
-             settings: LatencySettings) -> Dict[str, float]:
+             settings: LatencySettings, rounds: Optional[dict] = None) -> Dict[str, float]:
     """Seconds per sentence of each model ({name: a function building the hprune model}) written to CTranslate2 and
-    timed side by side with the settings (the first `sentences` sources, translations forced to the same length)."""
+    timed side by side with the settings (the first `sentences` sources, translations forced to the same length),
+    the best round of each; `rounds` gets every round's ({name: [seconds per sentence]})."""
     sources = list(sources[:settings.sentences])
     length = forced_length(settings, sources)
     with tempfile.TemporaryDirectory() as tmp:
@@ -177,17 +178,25 @@ def measured(models: Dict[str, Callable[[], object]], model_cfg, dictionaries, s
             dirs[name] = str(Path(tmp) / name.replace(" ", "_"))
             Path(dirs[name]).mkdir()
             save(model_spec(build(), model_cfg, *dictionaries), dirs[name], settings.compute_type)
+        every: dict = {}
         speed = sentences_per_s(dirs, sources, settings.beam, settings.threads, rounds=settings.rounds,
-                                device=settings.device, lengths=(length,), min_seconds=settings.min_seconds)[length]
+                                device=settings.device, lengths=(length,), min_seconds=settings.min_seconds,
+                                every=every)[length]
+    if rounds is not None:
+        rounds.update({name: [1.0 / value for value in values] for name, values in every[length].items()})
     return {name: 1.0 / value for name, value in speed.items()}
 
 
-def seconds_per_sentence(session, mask: dict, settings: LatencySettings) -> Dict[str, float]:
+def seconds_per_sentence(session, mask: dict, settings: LatencySettings) -> Dict[str, object]:
     """Seconds per sentence in CTranslate2 of an opened model (hprune.session.Session) under `mask` ("pruned") and
-    unpruned ("unpruned"), timed side by side (measured)."""
-    return measured({"pruned": lambda: session.pruned_copy(mask),
-                     "unpruned": lambda: session.pruned_copy(session.unpruned_mask())},
-                    session.model_config, session.dictionaries, session.source_tokens(settings.split), settings)
+    unpruned ("unpruned"), timed side by side (measured), and each round's pruned / unpruned ratio ("ratios": the
+    rounds alternate the two models, so a round's ratio is one measurement of the fraction)."""
+    rounds: dict = {}
+    seconds = measured({"pruned": lambda: session.pruned_copy(mask),
+                        "unpruned": lambda: session.pruned_copy(session.unpruned_mask())},
+                       session.model_config, session.dictionaries, session.source_tokens(settings.split), settings,
+                       rounds)
+    return {**seconds, "ratios": [p / u for p, u in zip(rounds["pruned"], rounds["unpruned"])]}
 
 
 def table_of(session, settings: LatencySettings, cache: Path) -> LatencyTable:
@@ -196,9 +205,14 @@ def table_of(session, settings: LatencySettings, cache: Path) -> LatencyTable:
                          session.source_tokens(settings.split), settings, cache)
 
 
-def latency_metrics(fraction: float) -> dict:
-    """A measured latency, as a fraction of the unpruned model's, as metrics.json keeps it."""
-    return {"latency_pct_measured": round(100 * fraction, 2), "latency_speedup": round(1 / fraction, 3)}
+def latency_metrics(fraction: float, ratios: Sequence[float] = ()) -> dict:
+    """A measured latency, as a fraction of the unpruned model's, as metrics.json keeps it; with the rounds'
+    ratios, their range (`latency_pct_low`, `latency_pct_high`): the timing noise, within which two latencies are
+    not told apart."""
+    found = {"latency_pct_measured": round(100 * fraction, 2), "latency_speedup": round(1 / fraction, 3)}
+    if ratios:
+        found.update(latency_pct_low=round(100 * min(ratios), 2), latency_pct_high=round(100 * max(ratios), 2))
+    return found
 
 
 def table_key(settings: LatencySettings, model, length: int) -> str:

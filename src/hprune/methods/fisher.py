@@ -503,6 +503,7 @@ class LatencySearch:
     target: float
     measured: Optional[float]
     calibration: list
+    ratios: tuple = ()  # the kept mask's measurement, round by round (latency_metrics: its noise)
 
 
 @dataclass
@@ -572,11 +573,13 @@ def search_under_latency(session, cfg: DictConfig, prunable: Prunable, order: Li
                                   prunable.neurons)
 
         predicted = {}  # target: the table's prediction for the mask found for it
+        rounds = {}  # measured fraction: its rounds' ratios
 
         def measure(kept: set, target: float) -> float:
             mask = prunable.mask_keeping(kept)
             timing = seconds_per_sentence(session, mask, settings)
             fraction = timing["pruned"] / timing["unpruned"]
+            rounds[round(fraction, 4)] = tuple(timing["ratios"])
             predicted[round(target, 4)] = round(predicted_latency(table, model, mask), 4)
             print(f"latency budget {p.latency_budget:g}: the mask found for the table's {100 * target:.1f} % "
                   f"(predicted {100 * predicted[round(target, 4)]:.1f} %) measures {100 * fraction:.1f} % in "
@@ -587,7 +590,8 @@ def search_under_latency(session, cfg: DictConfig, prunable: Prunable, order: Li
                                                              settings.calibrate, settings.calibrate_tolerance)
         calibration = [{**row, "predicted": predicted[row["target"]]} for row in calibration]
         looser = search_at(math.sqrt(target))
-    return searched, looser, LatencySearch(table, target, measured, calibration)
+    return searched, looser, LatencySearch(table, target, measured, calibration,
+                                           rounds.get(round(measured, 4), ()) if measured is not None else ())
 
 
 def evaluate_stages(evaluator: Evaluator, prunable: Prunable, stages: Dict[str, set], unpruned: Evaluation,
@@ -660,7 +664,7 @@ def latency_metrics_of(search: LatencySearch, budget: float, model, mask: dict) 
              "latency_pct_predicted": round(100 * predicted_latency(search.table, model, mask), 2),
              "latency_calibration": search.calibration, "latency_target": round(search.target, 4)}
     if search.measured is not None:
-        found.update(latency_metrics(search.measured), latency_met=search.measured <= budget)
+        found.update(latency_metrics(search.measured, search.ratios), latency_met=search.measured <= budget)
     return found
 
 

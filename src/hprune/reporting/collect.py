@@ -114,7 +114,9 @@ def read_run(run: Path, complete: Optional[Callable[[dict, dict], dict]] = None
     row["seed"] = config.get("seed")
     if row.get("checkpoint") is not None:
         row["recipe"], row["train_seed"] = trained_by(row["checkpoint"])
-    row["setting"] = _digest({"config": {k: v for k, v in config.items() if k not in NOT_A_SETTING},
+    unset = {"recovery"} if not (config.get("recovery") or {}).get("updates") else set()  # (runs before it and
+    # runs without one are the same setting)
+    row["setting"] = _digest({"config": {k: v for k, v in config.items() if k not in NOT_A_SETTING and k not in unset},
                               "recipe": row.get("recipe")})
     return row, None
 

@@ -151,20 +151,36 @@ def bleu_and_heads(table: pd.DataFrame, x: str, path: Path | list[Path], title: 
 
 
 def frontier(table: pd.DataFrame, path: Path | list[Path], title: str = "") -> Path:
-    """BLEU against the latency measured in CTranslate2 and against the model's MACs (one panel each), a point per
-    run coloured by method; the frontier's runs ringed and joined."""
+    """BLEU against the latency measured in CTranslate2 and against the model's MACs (one panel each): the unpruned
+    model a star at 100 %, a point per pruned run coloured by method with its timing rounds' range as a bar, each
+    recovery a triangle above (or below) its pruned model, joined to it; the frontier's points ringed and joined."""
     plt = _figure()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    colours = {}
     for ax, x in zip(axes, ("latency %", "model MACs %")):
-        for method, rows in table.groupby("method", sort=False):
-            ax.scatter(rows[x], rows["bleu"], label=method, zorder=3)
+        pruned = table[table["stage"] == "pruned"]
+        for method, rows in pruned.groupby("method", sort=False):
+            colours[method] = ax.scatter(rows[x], rows["bleu"], label=method, zorder=3).get_facecolor()[0]
+            if x == "latency %" and "latency low" in rows:
+                spread = rows.dropna(subset=["latency low", "latency high"])
+                ax.errorbar(spread[x], spread["bleu"], xerr=[spread[x] - spread["latency low"],
+                                                             spread["latency high"] - spread[x]],
+                            fmt="none", ecolor=colours[method], elinewidth=1, capsize=2, zorder=2)
+        recovered = table[table["stage"] == "recovered"]
+        for method, rows in recovered.groupby("method", sort=False):
+            ax.scatter(rows[x], rows["bleu"], marker="^", label=method, zorder=3)
+        for x_value, before, after in zip(recovered[x], recovered.get("bleu before", []), recovered["bleu"]):
+            ax.plot([x_value, x_value], [before, after], color="grey", linewidth=0.8, linestyle=":", zorder=1)
+        reference = table[table["stage"] == "unpruned"]
+        ax.scatter(reference[x], reference["bleu"], marker="*", s=160, color="black", label="unpruned", zorder=5)
         best = table[table["frontier"]].dropna(subset=[x]).sort_values(x)
         ax.plot(best[x], best["bleu"], color="black", linewidth=1, zorder=2)
         ax.scatter(best[x], best["bleu"], s=120, facecolors="none", edgecolors="black", zorder=4,
                    label="frontier (latency)")
-        ax.set_xlabel(f"{x} of the unpruned model" + (" (CTranslate2, measured)" if x == "latency %" else ""))
+        ax.set_xlabel("latency in CTranslate2, % of the unpruned model's\n(measured; bar: the timing rounds)"
+                      if x == "latency %" else "MACs per target token, % of the unpruned model's\n(counted)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("BLEU")
-    axes[0].legend(loc="lower right", fontsize=8)
+    axes[0].legend(loc="lower right", fontsize=7)
     fig.suptitle(title)
     return _save(fig, path)

@@ -239,9 +239,11 @@ def _frontier(report: Report, table: pd.DataFrame) -> None:
     if table.empty:
         return
     table.insert(0, "model", table.pop("checkpoint").map(_model_label))
-    report.table("frontier", "Accuracy against latency: each run's BLEU and its latency in CTranslate2 (measured, % "
-                 "of the unpruned model's), its MACs per target token (% of the model's, where counted); frontier: no "
-                 "run of the model has both a higher BLEU and a lower latency", table)
+    report.table("frontier", "Accuracy against latency: the unpruned model (the reference), each run's BLEU and its "
+                 "latency in CTranslate2 (measured, % of the unpruned model's; low and high: the range of its timing "
+                 "rounds), its MACs per target token (% of the model's), and each recovery of a run (its pruned "
+                 "model's latency and MACs); frontier: no point of the model has at least its BLEU at a latency its "
+                 "timing could not tell from its own or lower, and is better in one", table)
     for model, rows in table.groupby("model", sort=False):
         report.figure(f"frontier_{_slug(model)}", f"BLEU against latency and MACs: {model}",
                       lambda paths, rows=rows: plots.frontier(rows, paths, f"{model}: BLEU against latency "

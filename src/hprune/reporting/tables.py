@@ -288,31 +288,60 @@ def matched_macs(collection: Collection, group_by: list[str] = ()) -> pd.DataFra
 
 
 def frontier(collection: Collection) -> pd.DataFrame:
-    """What pruning buys: every prune run whose latency in CTranslate2 was measured (latency.measure, or a latency
-    budget), BLEU against that latency and against the whole model's MACs per target token (where the run exported
-    and counted them), per model; `frontier` marks the runs no other run of the model beats at once in BLEU and
-    latency (the accuracy-latency frontier)."""
+    """What pruning buys: per model, the unpruned model (the reference: 100 % of its latency and MACs), every prune
+    run whose latency in CTranslate2 was measured (latency.measure, or a latency budget), with the range of its
+    timing rounds, and each recovery of such a run (its own recovery stage, or `hprune recover` of it: the pruned
+    model's structure, so its latency and MACs), BLEU against latency and against the whole model's MACs per target
+    token. `frontier` marks the points no other point of the model beats: at least its BLEU at a latency not above
+    what its timing could be (its rounds' highest), and higher BLEU, or faster beyond its own rounds' highest, or
+    the unpruned model itself (a cut that buys nothing measurable is no point of the frontier)."""
     runs = collection.runs
     if "latency_pct_measured" not in runs or runs["latency_pct_measured"].isna().all():
         return pd.DataFrame()
-    runs = runs.dropna(subset=["latency_pct_measured"])
-    rows = []
-    for run in runs.itertuples():
-        get = lambda key: getattr(run, key, float("nan"))  # noqa: E731
-        macs = 100 * get("macs_per_token_pruned") / get("macs_per_token_unpruned") \
-            if pd.notna(get("macs_per_token_pruned")) else float("nan")
-        rows.append({"checkpoint": run.checkpoint, "run": run.run, "method": run.method, "bleu": run.bleu,
-                     "latency %": run.latency_pct_measured, "speed-up": get("latency_speedup"),
-                     "model MACs %": round(macs, 2), "attention MACs %": get("attention_macs_pct"),
-                     "kept heads": get("kept_heads"), "kept neurons": get("kept_neurons")})
+    get = lambda run, key: getattr(run, key, float("nan"))  # noqa: E731
+    measured = runs.dropna(subset=["latency_pct_measured"])
+    rows, unpruned = [], {}
+    for run in measured.itertuples():
+        macs = 100 * get(run, "macs_per_token_pruned") / get(run, "macs_per_token_unpruned") \
+            if pd.notna(get(run, "macs_per_token_pruned")) else float("nan")
+        point = {"checkpoint": run.checkpoint, "run": run.run, "method": run.method, "stage": "pruned",
+                 "bleu": run.bleu, "latency %": run.latency_pct_measured,
+                 "latency low": get(run, "latency_pct_low"), "latency high": get(run, "latency_pct_high"),
+                 "speed-up": get(run, "latency_speedup"), "model MACs %": round(macs, 2),
+                 "attention MACs %": get(run, "attention_macs_pct"), "kept heads": get(run, "kept_heads"),
+                 "kept neurons": get(run, "kept_neurons")}
+        rows.append(point)
+        if pd.notna(get(run, "bleu_unpruned")):
+            unpruned.setdefault(run.checkpoint, run.bleu_unpruned)
+        recoveries = [run] if pd.notna(get(run, "bleu_recovered")) else []
+        if "verb" in runs and "mask" in runs:  # `hprune recover mask=<this run>` (or its head_mask.json)
+            folder = Path(get(run, "path") if pd.notna(get(run, "path")) else run.run).resolve()
+            recoveries += [r for r in runs[runs["verb"] == "recover"].itertuples()
+                           if isinstance(r.mask, str) and Path(r.mask).resolve().parent == folder]
+        for recovered in recoveries:
+            rows.append({**point, "run": recovered.run, "stage": "recovered",
+                         "method": f"{run.method} + {recovered.recovery_loss}", "bleu": recovered.bleu_recovered,
+                         "bleu before": recovered.bleu_before_recovery,
+                         "recovery updates": recovered.recovery_updates,
+                         "recovery s": recovered.recovery_seconds,
+                         "p vs pruned": recovered.p_recovered_vs_pruned,
+                         "p vs unpruned": recovered.p_recovered_vs_unpruned})
+    for checkpoint, bleu in unpruned.items():
+        rows.append({"checkpoint": checkpoint, "run": "", "method": "unpruned", "stage": "unpruned", "bleu": bleu,
+                     "latency %": 100.0, "speed-up": 1.0, "model MACs %": 100.0, "attention MACs %": 100.0})
     table = pd.DataFrame(rows)
-    def beaten(i: int) -> bool:  # another run of the model at least as good in both, better in one
-        bleu, latency = table.at[i, "bleu"], table.at[i, "latency %"]
-        same = table[table["checkpoint"] == table.at[i, "checkpoint"]]
-        return bool(((same["bleu"] >= bleu) & (same["latency %"] <= latency)
-                     & ((same["bleu"] > bleu) | (same["latency %"] < latency))).any())
+    slowest = table["latency high"].fillna(table["latency %"]) if "latency high" in table else table["latency %"]
+
+    def beaten(i: int) -> bool:  # another point of the model as good in both (its latency within i's noise) and
+        # better in one (faster beyond its own noise), or the unpruned model itself: a cut that buys nothing
+        # measurable is no point of the frontier
+        bleu, latency, could_be = table.at[i, "bleu"], table.at[i, "latency %"], slowest[i]
+        others = (table["checkpoint"] == table.at[i, "checkpoint"]) & (table.index != i)
+        same, surely = table[others], slowest[others]
+        return bool(((same["bleu"] >= bleu) & (same["latency %"] <= could_be)
+                     & ((same["bleu"] > bleu) | (surely < latency) | (same["stage"] == "unpruned"))).any())
     table["frontier"] = [not beaten(i) for i in table.index]
-    return table.sort_values(["checkpoint", "latency %"]).reset_index(drop=True)
+    return table.sort_values(["checkpoint", "latency %", "stage"]).reset_index(drop=True)
 
 
 def over_seeds(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

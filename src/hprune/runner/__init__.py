@@ -29,7 +29,8 @@ from ..rundir import RunDir, provenance, run_dir
 CONFIG_PATH = "pkg://hprune_configs"
 # what to say when a mandatory setting is left out
 MISSING = {"ckpt": "which model? pass ckpt=<a train run dir or a .pt checkpoint>, e.g. ckpt=outputs/demo",
-           "runs": "which runs? give their folder(s): `hprune report outputs/` (or runs=[DIR,...])"}
+           "runs": "which runs? give their folder(s): `hprune report outputs/` (or runs=[DIR,...])",
+           "mask": "which cut? pass mask=<a `hprune prune` run folder or a head_mask.json>"}
 
 
 def check_missing(cfg: DictConfig) -> None:
