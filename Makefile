@@ -24,7 +24,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "import torch, fairseq, hprune_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
-demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs (heads, then heads and FFN neurons; their latency in CTranslate2), a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 16 min on 2 cores after the install)
+demo: install ## the study on the synthetic task: train to convergence, Michel's order against random, confidence and LRP on all heads pooled, Kwon et al.'s retraining-free pruning to half the attention MACs (heads, then heads and FFN neurons; their latency in CTranslate2; the deeper cut recovered by distillation), a Voita λ sweep with its λ = 0 control, head roles, a λ sweep of the encoder-decoder heads (do alignment heads outlive the rest?), `hprune report`, a summary (about 16 min on 2 cores after the install)
 	rm -rf outputs/demo
 	$(VENV)/bin/hprune train hydra.run.dir=outputs/demo
 	$(VENV)/bin/hprune eval ckpt=outputs/demo hydra.run.dir=outputs/demo/eval
@@ -39,6 +39,10 @@ demo: install ## the study on the synthetic task: train to convergence, Michel's
 		hydra.run.dir=outputs/demo/fisher
 	$(VENV)/bin/hprune prune --method fisher ckpt=outputs/demo prune.macs_budget=0.5 "prune.units=[heads,neurons]" \
 		latency.measure=true hydra.run.dir=outputs/demo/fisher_ffn
+	# what that deep cut costs, won back: the pruned model trained on for 100 updates towards the unpruned model's
+	# distribution (word-level distillation); the report's frontier joins it to its pruned point
+	$(VENV)/bin/hprune recover ckpt=outputs/demo mask=outputs/demo/fisher_ffn recovery.loss=word \
+		recovery.updates=100 hydra.run.dir=outputs/demo/fisher_ffn_recovered
 	# Voita et al.: gates on the encoder self-attention; λ = 0 is the control (the same extra training, no penalty)
 	$(VENV)/bin/hprune prune --method voita -m ckpt=outputs/demo prune.l0_lambda=0,1,4 \
 		prune.optim.max_update=400 prune.optim.lr=0.005 hydra.sweep.dir=outputs/demo/voita

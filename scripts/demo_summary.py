@@ -17,6 +17,7 @@ import pandas as pd
 
 from hprune.analysis.roles import ENCODER_ROLES
 from hprune.analysis.survival import has_role, role_survival_test, sweep_masks
+from hprune.recovery import versus
 
 
 def role_survival(roles: pd.DataFrame, masks: dict) -> list[dict]:
@@ -97,6 +98,13 @@ def main(demo: Path) -> None:
               f"{100 * ffn['macs_per_token_pruned'] / ffn['macs_per_token_unpruned']:.1f} % of the model's MACs counted; "
               f"latency in CTranslate2 {ffn['latency_pct_measured']:g} % of the unpruned model's (heads only, above: "
               f"{fisher.get('latency_pct_measured', float('nan')):g} %)")
+    recovered_run = demo / "fisher_ffn_recovered" / "metrics.json"
+    if recovered_run.exists():  # hprune recover: what training on from the unpruned model wins back
+        rec = json.loads(recovered_run.read_text())
+        print(f"  recovered ({rec['recovery_loss']}-level distillation from the unpruned model, {rec['recovery_updates']} "
+              f"updates, {rec['recovery_seconds']:.0f} s): BLEU {rec['bleu_before_recovery']:.2f} -> "
+              f"{rec['bleu_recovered']:.2f} ({versus(rec, 'pruned')}), {rec['delta_bleu_recovered']:+.2f} "
+              f"against the unpruned model ({versus(rec, 'unpruned')})")
     if (demo / "report" / "frontier.csv").exists():
         print(f"  BLEU against latency, every run that measured it: {demo / 'report' / 'plots' / 'frontier_demo.png'}")
     print(f"the λ = 0 control changed BLEU by {found['control_change']:+.2f} (continued training alone)")

@@ -186,6 +186,42 @@ def real_methods(runs: Path) -> str:
     return _markdown(pd.DataFrame(rows).fillna(""))
 
 
+def real_recovery(runs: Path) -> str:
+    """scripts/study_recovery.sh's runs: per latency budget, the pruned model and what each loss won back."""
+    from hprune.recovery import versus
+
+    study = runs / "real" / "recovery"
+    pruned = sorted(study.glob("*/fisher_*/metrics.json"), key=lambda f: (f.parts[-3], -float(f.parts[-2][7:])))
+    if not pruned:
+        raise FileNotFoundError(2, "no pruned model", str(study / "<seed>" / "fisher_<budget>" / "metrics.json"))
+    rows, recoveries = [], []
+    for metrics_file in pruned:
+        m, run = json.loads(metrics_file.read_text()), metrics_file.parent
+        measured = f"{m['latency_pct_measured']:.1f} %"
+        if "latency_pct_low" in m:
+            measured += f" ({m['latency_pct_low']:.1f}–{m['latency_pct_high']:.1f})"
+        row = {"seed": run.parent.name, "latency budget": f"{m['latency_budget']:g}"
+               + ("" if m.get("latency_met", True) else " (not met)"),
+               "kept: heads, FFN neurons": f"{m['kept_heads']} of {m['heads_pool']}, {m['kept_neurons']:,} of "
+                                           f"{m['neurons_pool']:,}",
+               "CTranslate2 latency (rounds)": measured, "BLEU pruned (vs unpruned)": f"{m['bleu']:.2f} ({m['delta_bleu']:+.2f})"}
+        for loss in ("ce", "word", "sequence"):
+            r = _metrics(run / loss / "metrics.json")
+            if r:
+                recoveries.append(r)
+            row[f"recovered: {loss}"] = "" if not r else (
+                f"{r['bleu_recovered']:.2f} ({versus(r, 'pruned')}; {r['delta_bleu_recovered']:+.2f} vs unpruned, "
+                f"{versus(r, 'unpruned')})")
+        rows.append(row)
+    first = json.loads(pruned[0].read_text())
+    seconds = [r["recovery_seconds"] for r in recoveries]
+    about = (f"The unpruned model: BLEU {first['bleu_unpruned']:.2f}. "
+             + (f"Each recovery: {_span(pd.Series([r['recovery_updates'] for r in recoveries]))} updates, "
+                f"{min(seconds):.0f}–{max(seconds):.0f} s of training on this machine's CPU; " if recoveries else "")
+             + "p: paired bootstrap against the pruned model, then against the unpruned one.\n\n")
+    return about + _markdown(pd.DataFrame(rows))
+
+
 # --------------------------------------------------------------------------------------------- the study
 DECIDES = {"michel": "gradient importance (Michel et al.)", "lrp": "LRP relevance (Voita et al. §4)",
            "magnitude": "L1 of q/k/v rows (fairseq)", "confidence": "mean max attention (Voita et al.)",
@@ -355,6 +391,7 @@ BLOCKS = {
     "study-fisher": Block(study_fisher, 0.05, STUDY),
     "real-summary": Block(real_summary, 0.05, REAL, optional=True),
     "real-methods": Block(real_methods, 0.05, REAL, optional=True),
+    "real-recovery": Block(real_recovery, 0.05, ("real/recovery",), optional=True),
 }
 
 
@@ -362,7 +399,8 @@ BLOCKS = {
 # Every section ends with the commits its runs were made with, so that a section older than the code is seen:
 # the check fails where the page's commits are not the runs', and says which commits since changed the code.
 PROVENANCE = re.compile(r"^<sub>Figures from runs of commit[^\n]*</sub>\n?", re.M)
-CODE = ("src", "cli", "configs", "scripts/study_methods.sh", "scripts/study_real.sh", "scripts/reproduce_common.sh")
+CODE = ("src", "cli", "configs", "scripts/study_methods.sh", "scripts/study_real.sh", "scripts/study_recovery.sh",
+        "scripts/reproduce_common.sh")
 
 
 def run_commits(runs: Path, folders: tuple) -> tuple[list[str], str]:

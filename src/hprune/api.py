@@ -433,13 +433,11 @@ def model_macs_of(session, cfg: DictConfig, mask: Mask) -> dict:
     """The whole model's MACs per target token under `mask`, counted on its physically pruned copy over the loss
     split, against the model's own (as an export counts them)."""
     from .evaluation import Evaluator
-    from .flops import macs_per_token
+    from .flops import pruned_macs
 
     lengths = Evaluator.of(session, cfg).lengths()
     with session.masked(None):
-        counted = {"pruned": macs_per_token(session.pruned_copy(mask), lengths),
-                   "unpruned": macs_per_token(session.model, lengths)}
-    return {f"{key}_{name}": value for name, macs in counted.items() for key, value in macs.items()}
+        return pruned_macs(session.model, session.pruned_copy(mask), lengths)
 
 
 def latency_of(session, cfg: DictConfig, mask: Mask) -> dict:

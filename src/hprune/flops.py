@@ -114,6 +114,15 @@ def macs_per_token(model, lengths: Lengths) -> dict:
     return {"macs_per_token": round(by_module["Global"]), "attention_macs_per_token": round(attention)}
 
 
+def pruned_macs(unpruned, pruned, lengths: Lengths) -> dict:
+    """macs_per_token of a model and of its physically pruned copy, as metrics.json keeps them (`<key>_unpruned`,
+    `<key>_pruned`), and the share of the whole model's MACs removed (`macs_removed_pct`)."""
+    counted = {"unpruned": macs_per_token(unpruned, lengths), "pruned": macs_per_token(pruned, lengths)}
+    return {**{f"{key}_{name}": value for name, macs in counted.items() for key, value in macs.items()},
+            "macs_removed_pct": round(100 * (1 - counted["pruned"]["macs_per_token"]
+                                             / counted["unpruned"]["macs_per_token"]), 2)}
+
+
 @dataclass(frozen=True)
 class UnitCost:
     """MACs per target token of one attention sublayer as a function of the units (heads, experts) it keeps:

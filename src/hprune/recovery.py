@@ -142,7 +142,15 @@ def metrics(cfg: DictConfig, results: dict, seconds: float, checkpoint: Path, up
         test = paired_bootstrap(other.hypotheses, recovered.hypotheses, recovered.references,
                                 sig.get("resamples") or RESAMPLES, sig.get("seed", 12345), recovered.bleu_tokenize)
         found[f"p_recovered_vs_{name}"] = round(test["p_value"], 4)
+        found[f"significant_recovered_vs_{name}"] = test["significant"]
     return found
+
+
+def versus(m: dict, name: str) -> str:
+    """The paired test of the recovered model against the `name`d one (pruned, unpruned), as a summary says it:
+    sacreBLEU gives two systems of the same BLEU its smallest p, which is no difference."""
+    delta = m["recovery_gain"] if name == "pruned" else m["delta_bleu_recovered"]
+    return "the same BLEU" if delta == 0 else f"p = {m[f'p_recovered_vs_{name}']:.4f}"
 
 
 def trained_updates(folder: Path) -> int:
@@ -153,8 +161,8 @@ def trained_updates(folder: Path) -> int:
 
 def summary(m: dict) -> str:
     return (f"recovered ({m['recovery_loss']}, {m['recovery_updates']} updates, {m['recovery_seconds']:.0f} s): BLEU "
-            f"{m['bleu_before_recovery']:.2f} -> {m['bleu_recovered']:.2f} (p = {m['p_recovered_vs_pruned']:.4f}; "
-            f"{m['delta_bleu_recovered']:+.2f} vs unpruned, p = {m['p_recovered_vs_unpruned']:.4f}); "
+            f"{m['bleu_before_recovery']:.2f} -> {m['bleu_recovered']:.2f} ({versus(m, 'pruned')}; "
+            f"{m['delta_bleu_recovered']:+.2f} vs unpruned, {versus(m, 'unpruned')}); "
             f"{m['recovery_checkpoint']}")
 
 

@@ -39,6 +39,7 @@ class Session:
         self.prepared = PreparedData(data, data_bin, self.kind)  # its raw text, test sets and subword files
         self._criterion = criterion
         self._mask: Optional[Mask] = None
+        self._parked_params: Optional[int] = None  # the parameter count while the weights are parked
 
     @classmethod
     def open(cls, cfg: DictConfig, ckpt: str | Path | CheckpointRef | None = None) -> "Session":
@@ -132,7 +133,7 @@ class Session:
         return self._criterion
 
     def n_params(self) -> int:
-        return backend.count_parameters(self.model)
+        return self._parked_params or backend.count_parameters(self.model)
 
     def state(self) -> dict:
         """A CPU copy of the weights (restored with load_state)."""
@@ -172,7 +173,8 @@ class Session:
     def parked(self, folder: Path) -> Iterator[None]:
         """The model's weights out of memory for a while (fairseq-train building its own model, gradients and
         Adam's moments in this process: NLLB-1.3B's 5.5 GB less), written into `folder` and read back afterwards,
-        the same values on the same device; the model must not run meanwhile."""
+        the same values on the same device; the model must not run meanwhile (its parameter count still holds)."""
+        self._parked_params = self.n_params()
         tensors = dict(self.model.named_parameters())
         tensors.update(self.model.named_buffers())
         path = folder / "parked-weights.pt"
@@ -187,6 +189,7 @@ class Session:
                 t.data = saved[name].to(t.device, copy=True)
             del saved
             path.unlink()
+            self._parked_params = None
 
     def fold_mechanisms(self, mask: Optional[Mask]) -> Optional[Mask]:
         """A checkpoint trained with a pruning mechanism (gates, a subset selector) as `hprune prune` reads it out:

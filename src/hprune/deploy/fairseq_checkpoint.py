@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from ..errors import UserError
-from ..flops import macs_per_token
+from ..flops import pruned_macs
 from ..rundir import PRUNED, RunDir
 from . import register_exporter
 
@@ -34,15 +34,10 @@ def write_checked(evaluator, mask: dict, dest: Path, masked, config_from: Option
     if not same:
         log.warning("the physically pruned model's translations differ from the masked model's")
     n_params, n_params_pruned = session.n_params(), pruned.session.n_params()
-    lengths = evaluator.lengths()
-    counted = {name: macs_per_token(model, lengths) for name, model in (("unpruned", session.model),
-                                                                       ("pruned", pruned.session.model))}
     return {"export_checkpoint": str(dest.absolute()), "export_max_abs_diff": difference,
             "export_bleu": result.bleu, "export_same_translations": same, "n_params_pruned": n_params_pruned,
             "params_removed_pct": round(100 * (1 - n_params_pruned / n_params), 2),
-            **{f"{key}_{name}": value for name, macs in counted.items() for key, value in macs.items()},
-            "macs_removed_pct": round(100 * (1 - counted["pruned"]["macs_per_token"]
-                                             / counted["unpruned"]["macs_per_token"]), 2),
+            **pruned_macs(session.model, pruned.session.model, evaluator.lengths()),
             "sentences_per_s_masked": masked.sentences_per_s, "sentences_per_s_pruned": result.sentences_per_s}
 
 

@@ -103,20 +103,20 @@ def dsp(session, cfg: DictConfig, out: Path) -> dict:
                         f"({len(pool)}); use 1..{len(pool)} ({len(pool)}: the control, nothing selected)")
     pool, unpruned = trained.unpruned(start, cfg, out)
 
-    selecting, seconds = trained.train(start, cfg, selection_options(p), out, "subset selection")
-    logits = logit_table(selecting.session.model)
-    bleu_selector = selecting.translate()[1].bleu  # eval mode: the hard top-K
-    logits, closed, mask, pruned = trained.read_out(selecting, logits, "logit", p, out)
-    write_atomic(out / "dsp_logits.csv", logits.to_csv(index=False))
-    plots.head_heatmaps(logits, "logit", out / "dsp_logits.png", f"DSP logits, K = {p.head_budget}")
-    metrics = {
-        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
-        "head_budget": p.head_budget, "joint": p.joint, "straight_through": p.straight_through,
-        "temperature_initial": float(p.temperature[0]), "temperature_final": float(p.temperature[1]),
-        "cooldown": p.cooldown, "pruning_lr": p.pruning_lr, "bleu_selector": bleu_selector,
-        "control": p.head_budget == len(pool),
-    }
-    metrics.update(trained.finetune_and_export(start, selecting, cfg, mask, pruned, unpruned, out))
+    with trained.train(start, cfg, selection_options(p), out, "subset selection") as (selecting, seconds):
+        logits = logit_table(selecting.session.model)
+        bleu_selector = selecting.translate()[1].bleu  # eval mode: the hard top-K
+        logits, closed, mask, pruned = trained.read_out(selecting, logits, "logit", p, out)
+        write_atomic(out / "dsp_logits.csv", logits.to_csv(index=False))
+        plots.head_heatmaps(logits, "logit", out / "dsp_logits.png", f"DSP logits, K = {p.head_budget}")
+        metrics = {
+            **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
+            "head_budget": p.head_budget, "joint": p.joint, "straight_through": p.straight_through,
+            "temperature_initial": float(p.temperature[0]), "temperature_final": float(p.temperature[1]),
+            "cooldown": p.cooldown, "pruning_lr": p.pruning_lr, "bleu_selector": bleu_selector,
+            "control": p.head_budget == len(pool),
+        }
+        metrics.update(trained.finetune_and_export(start, selecting, cfg, mask, pruned, unpruned, out))
     print(summary(metrics))
     return metrics
 

@@ -5,8 +5,10 @@ every such run reports, and the options after it: fine-tuning with the mask fixe
 evaluation.Evaluator: the opened session and how it is measured."""
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -21,19 +23,24 @@ from ..rundir import LAST, PRUNED, RunDir, model_provenance, save_hypotheses
 from .training import continue_training_argv, finetune
 
 
-def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: str) -> tuple[Evaluator, float]:
+@contextlib.contextmanager
+def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: str) -> Iterator[tuple[Evaluator, float]]:
     """fairseq-train from start's checkpoint with the hprune criterion, `options` and prune.optim: the trained
     model, reopened on start's data (its gates still in), and the seconds the training took (this process's
-    share, if it resumed)."""
+    share, if it resumed). The start's weights stay parked on disk until the block ends (the trained model is read
+    out beside it: at NLLB-1.3B the two with what training left in the heap do not fit 24 GiB); what the start's
+    metrics take from its weights (its units' MACs, its parameter count) is counted before."""
     save = RunDir(out).checkpoints
     plugins = shared_with_workers()
     if plugins:  # a mechanism registered outside hprune: the checkpoint records where it comes from
         options = options + ["--plugin-modules", ",".join(plugins)]
     argv = continue_training_argv(start.session, save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
+    start.unit_costs()
     started = time.perf_counter()
     with start.session.parked(out):  # the trainer's model beside it, not a second copy of the weights
         backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
-    return start.reopen(RunDir(out).checkpoint(LAST)), round(time.perf_counter() - started, 3)
+        seconds = round(time.perf_counter() - started, 3)
+        yield start.reopen(RunDir(out).checkpoint(LAST)), seconds
 
 
 def unpruned(start: Evaluator, cfg: DictConfig, out: Path) -> tuple[set, Evaluation]:

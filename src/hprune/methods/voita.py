@@ -178,32 +178,33 @@ def voita(session, cfg: DictConfig, out: Path) -> dict:
     check_budget(p, len(pool_of(session.model, p.types)))
     pool, unpruned = trained.unpruned(start, cfg, out)
 
-    gated, seconds = trained.train(start, cfg, gate_options(p), out, "gates")
-    gates = gate_table(gated.session.model)
-    kept_by_gates = int(gates["kept"].sum())
-    if p.head_budget is not None:
-        gates = exact_budget(gates, p.head_budget)
-    bleu_gates = gated.translate()[1].bleu  # eval mode: the deterministic gates
-    gates, closed, mask, pruned = trained.read_out(gated, gates, "log_alpha", p, out)
+    with trained.train(start, cfg, gate_options(p), out, "gates") as (gated, seconds):
+        gates = gate_table(gated.session.model)
+        kept_by_gates = int(gates["kept"].sum())
+        if p.head_budget is not None:
+            gates = exact_budget(gates, p.head_budget)
+        bleu_gates = gated.translate()[1].bleu  # eval mode: the deterministic gates
+        gates, closed, mask, pruned = trained.read_out(gated, gates, "log_alpha", p, out)
 
-    write_atomic(out / "gates.csv", gates.to_csv(index=False))
-    plots.head_heatmaps(gates, "gate", out / "gates.png", "deterministic gates, "
-                        + (f"λ={p.l0_lambda}" if p.head_budget is None else f"budget {p.head_budget} heads"))
-    alive = alive_over_training(out / "prune.log")
-    if len(alive):
-        write_atomic(out / "alive_heads.csv", alive.to_csv(index=False))
-        plots.line(alive, "num_updates", ["kept_heads", "alive_heads", "open_heads"], out / "alive_heads.png",
-                   "gated heads over training: kept (gate > 0), alive (P(open) > 0.5), expected open")
-    metrics = {
-        **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
-        "l0_lambda": p.l0_lambda if p.head_budget is None else None, "l0_normalize": p.l0_normalize, "head_budget": p.head_budget,
-        **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
-        "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
-        "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init, "bleu_gates": bleu_gates,
-        "alive_heads": int(gates["alive"].sum()), "kept_heads_gates": kept_by_gates,
-        "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
-    }
-    metrics.update(trained.finetune_and_export(start, gated, cfg, mask, pruned, unpruned, out))
+        write_atomic(out / "gates.csv", gates.to_csv(index=False))
+        plots.head_heatmaps(gates, "gate", out / "gates.png", "deterministic gates, "
+                            + (f"λ={p.l0_lambda}" if p.head_budget is None else f"budget {p.head_budget} heads"))
+        alive = alive_over_training(out / "prune.log")
+        if len(alive):
+            write_atomic(out / "alive_heads.csv", alive.to_csv(index=False))
+            plots.line(alive, "num_updates", ["kept_heads", "alive_heads", "open_heads"], out / "alive_heads.png",
+                       "gated heads over training: kept (gate > 0), alive (P(open) > 0.5), expected open")
+        metrics = {
+            **trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
+            "l0_lambda": p.l0_lambda if p.head_budget is None else None, "l0_normalize": p.l0_normalize,
+            "head_budget": p.head_budget,
+            **{f"budget_{k}": p[f"budget_{k}"] if p.head_budget is not None else None for k in ("gain", "warmup")},
+            "l0_lambda_final": float(alive["l0_lambda"].iloc[-1]) if len(alive) else None,
+            "freeze_decoder": p.freeze_decoder, "gate_init": p.gate_init, "bleu_gates": bleu_gates,
+            "alive_heads": int(gates["alive"].sum()), "kept_heads_gates": kept_by_gates,
+            "gates_binary": bool(((gates["gate"] == 0) | (gates["gate"] == 1)).all()),
+        }
+        metrics.update(trained.finetune_and_export(start, gated, cfg, mask, pruned, unpruned, out))
     if p.from_scratch:
         metrics.update(from_scratch(start, cfg, recipe, RunDir(out).head_mask, out, unpruned))
     print(summary(metrics))
