@@ -214,8 +214,10 @@ def real_recovery(runs: Path) -> str:
                 f"{versus(r, 'unpruned')})")
         rows.append(row)
     first = json.loads(pruned[0].read_text())
+    trained = _metrics(runs / "real" / "seeds" / pruned[0].parts[-3] / "metrics.json")
     seconds = [r["recovery_seconds"] for r in recoveries]
-    about = (f"The unpruned model: BLEU {first['bleu_unpruned']:.2f}. "
+    about = (f"The unpruned model: BLEU {first['bleu_unpruned']:.2f}"
+             + (f" ({trained['num_updates']:,} updates, {trained['epoch']} epochs)" if trained else "") + ". "
              + (f"Each recovery: {_span(pd.Series([r['recovery_updates'] for r in recoveries]))} updates, "
                 f"{min(seconds):.0f}–{max(seconds):.0f} s of training on this machine's CPU; " if recoveries else "")
              + "p: paired bootstrap against the pruned model, then against the unpruned one.\n\n")
