@@ -438,7 +438,8 @@ def changed_since(commit: str) -> int:
     return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() else -1
 PAGES = ("README.md", "docs/outputs.md", "docs/methods.md")
 IMAGES = {"docs/demo_bleu_vs_pruned.png": "demo/report/plots/bleu_vs_pruned_demo_enc_self_dec_self_dec_enc.png",
-          "docs/demo_lambda.png": "demo/report/plots/voita_l0_lambda_enc_self.png"}  # copied by a write, not checked
+          "docs/demo_lambda.png": "demo/report/plots/voita_l0_lambda_enc_self.png",
+          "docs/real_recovery_frontier.png": "real/recovery/1/report/plots/frontier_1.png"}  # copied by a write, not checked
 SECTION = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 
 

@@ -147,15 +147,16 @@ def head_scales(session, cfg, out):
 
     p, start = cfg.prune, Evaluator.of(session, cfg)
     pool, unpruned = trained.unpruned(start, cfg, out)
-    scaled, seconds = trained.train(start, cfg, ["--head-scales", ",".join(p.types), "--scale-penalty",
-                                                 str(p.scale_penalty)], out, "scales")
-    rows = [{"type": kind, "layer": layer, "head": h, "scale": round(float(v), 6), "kept": int(v > 0)}
-            for kind, layer, m in scaled.session.model.gated_modules() for h, v in zip(m.head_ids, m.gate.deterministic())]
-    table, closed, mask, pruned = trained.read_out(scaled, pd.DataFrame(rows), "scale", p, out)
-    table.to_csv(out / "scales.csv", index=False)
-    metrics = {**trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
-               "scale_penalty": p.scale_penalty, "open_scales": int(table["kept"].sum())}
-    metrics.update(trained.finetune_and_export(start, scaled, cfg, mask, pruned, unpruned, out))
+    options = ["--head-scales", ",".join(p.types), "--scale-penalty", str(p.scale_penalty)]
+    with trained.train(start, cfg, options, out, "scales") as (scaled, seconds):  # the start parked meanwhile
+        rows = [{"type": kind, "layer": layer, "head": h, "scale": round(float(v), 6), "kept": int(v > 0)}
+                for kind, layer, m in scaled.session.model.gated_modules()
+                for h, v in zip(m.head_ids, m.gate.deterministic())]
+        table, closed, mask, pruned = trained.read_out(scaled, pd.DataFrame(rows), "scale", p, out)
+        table.to_csv(out / "scales.csv", index=False)
+        metrics = {**trained.metrics(start, cfg, pool, closed, mask, pruned, unpruned, seconds),
+                   "scale_penalty": p.scale_penalty, "open_scales": int(table["kept"].sum())}
+        metrics.update(trained.finetune_and_export(start, scaled, cfg, mask, pruned, unpruned, out))
     return metrics
 '''
 

@@ -48,7 +48,8 @@ MODELS = {
     "nllb-200-distilled-600M": dict(family="nllb", vocab=256206, config=dict(
         d_model=1024, encoder_layers=12, decoder_layers=12, encoder_ffn_dim=4096, decoder_ffn_dim=4096)),
     "m2m100_1.2B": dict(family="m2m100", vocab=128112, config=dict(
-        d_model=1024, encoder_layers=24, decoder_layers=24, encoder_ffn_dim=8192, decoder_ffn_dim=8192)),
+        d_model=1024, encoder_layers=24, decoder_layers=24, encoder_ffn_dim=8192, decoder_ffn_dim=8192),
+        voita=["prune.optim.max_tokens=512", "prune.optim.update_freq=2", "prune.optim.checkpoint_activations=true"]),
     "nllb-200-1.3B": dict(family="nllb", vocab=256206, config=dict(
         d_model=1024, encoder_layers=24, decoder_layers=24, encoder_ffn_dim=8192, decoder_ffn_dim=8192),
         # the same 1,024 tokens an update, in two batches, activations recomputed: killed at 22.2 GiB otherwise
