@@ -72,6 +72,7 @@ def assert_sbatch_accepts(verb: str, options: dict) -> None:
 def test_every_slurm_step_of_the_reproduction_scripts_renders_an_sbatch_file_sbatch_accepts(script):
     steps = script_steps(script)
     for step in steps:
+        assert "-m" in step and "hydra/launcher=slurm" in step and "hydra.launcher.partition=gpu" in step, step
         options = sbatch(step)
         assert_sbatch_accepts(step[0], options)
         if step[0] == "data":  # a CPU step: no GPU asked

@@ -24,18 +24,19 @@ def pruned_run(trained_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("prune") / "run"
     started = time.perf_counter()
     proc = hprune("prune", "--method", "michel", f"ckpt={trained_run}", f"hydra.run.dir={out}", *SMALL_DATA,
-                  "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random,confidence,magnitude]",
+                  "device=cpu", "prune.ablations=[single,one_head]", "prune.baselines=[random]",
                   "prune.export=true", "significance.resamples=1000", subprocess=True)  # the verb as its own process
     return out, time.perf_counter() - started, proc.stdout
 
 
 def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
     out, seconds, stdout = pruned_run
-    # the curve and both ablations (45 + 9 BLEU evaluations), plus three baseline orders and the export
+    # the curve and both ablations (45 + 9 BLEU evaluations), plus a baseline order (confidence and magnitude, the
+    # other head-level orders: test_hf_multilingual, test_api) and the export
     assert seconds < 120, seconds  # the goal: curve and both ablations within 2 minutes
     metrics = json.loads((out / "metrics.json").read_text())
     curve = pd.read_csv(out / "curve.csv")
-    assert list(curve["order"].unique()) == ["michel", "random", "confidence", "magnitude"]
+    assert list(curve["order"].unique()) == ["michel", "random"]
     michel = curve[curve["order"] == "michel"]
     assert list(michel["pct_target"]) == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90]
     assert list(michel["heads_pruned"]) == [0, 4, 8, 11, 15, 18, 22, 26, 29, 33]  # ceil(36 * pct / 100)
@@ -49,7 +50,7 @@ def test_curve_ablations_and_export_end_to_end(pruned_run, evaluated_run):
 
     # significance: each point against the unpruned model, each baseline point against michel's at that step,
     # from the translations written for every point; recomputed here with sacreBLEU's own command line
-    assert len(list((out / "hypotheses").glob("*.txt"))) == 40 and curve.loc[curve["step"] == 0, "p_vs_unpruned"].isna().all()
+    assert len(list((out / "hypotheses").glob("*.txt"))) == 20 and curve.loc[curve["step"] == 0, "p_vs_unpruned"].isna().all()
     refs = Path(evaluated_run[1]["data_bin"]).parent / "raw" / "test.tgt"
     for order, against, column in (("michel", "michel.0", "p_vs_unpruned"), ("random", "michel.5", "p_vs_method")):
         cli = subprocess.run([str(Path(sys.executable).with_name("sacrebleu")), str(refs), "-i",

@@ -36,13 +36,13 @@ def test_wheel_holds_every_package_and_trains_and_evaluates(tmp_path, data_root)
     assert not missing, f"the wheel leaves out {sorted(missing)}"
 
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", str(venv))
+    run(sys.executable, "-m", "venv", "--without-pip", str(venv))  # this venv's pip installs into it (--python)
     py = venv / "bin" / "python"
     # the dependencies come from the project venv's site-packages, appended *after* the new venv's own, and
     # without running its .pth files (so the editable install of hprune there is not seen)
     site = run(str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    run(str(py), "-m", "pip", "install", "--no-deps", "-q", str(wheel))
+    run(sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", str(wheel))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = run(str(py), "-c", "import hprune, hprune_configs, hprune_fairseq.heads; "
                 "print(hprune.__file__, hprune_configs.__file__, hprune_fairseq.heads.__file__)", cwd=tmp_path, env=env).stdout

@@ -147,8 +147,8 @@ def metrics(cfg: DictConfig, results: dict, seconds: float, checkpoint: Path, up
 
 
 def versus(m: dict, name: str) -> str:
-    """The paired test of the recovered model against the `name`d one (pruned, unpruned), as a summary says it:
-    sacreBLEU gives two systems of the same BLEU its smallest p, which is no difference."""
+    """The paired test of the recovered model against the `name`d one (pruned, unpruned), as a summary says it;
+    a difference of zero BLEU is said as such (its p: 1 for the same translations, about 0.5 for others)."""
     delta = m["recovery_gain"] if name == "pruned" else m["delta_bleu_recovered"]
     return "the same BLEU" if delta == 0 else f"p = {m[f'p_recovered_vs_{name}']:.4f}"
 

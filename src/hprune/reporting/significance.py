@@ -3,9 +3,11 @@
 system on the same sentences, with the p-value of their BLEU difference and each one's 95 % interval.
 
 sacreBLEU takes its seed from SACREBLEU_SEED; it is set for the call and recorded with the result, as is the
-number of resamples, so the same inputs give the same numbers. sacreBLEU gives identical systems p = 1/(n+1)
-(its "a zero difference should not be attributed to chance"); the p-value is kept as sacreBLEU computes it,
-but no difference is never marked significant.
+number of resamples, so the same inputs give the same numbers. Two systems that translate every sentence
+alike are given p = 1: every resample's difference is then zero, and sacreBLEU's strict count (resamples whose
+centred difference exceeds the observed one, plus one, over n + 1) would give them its smallest p, 1/(n+1),
+which a table reads as a significant change. Where the translations differ the p-value is sacreBLEU's, and a
+difference of zero BLEU is never marked significant.
 """
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ def paired_bootstrap(reference_system: Sequence[str], system: Sequence[str], ref
         signatures, scores = test()
     (name, results), = ((k, v) for k, v in scores.items() if k != "System")
     base, other = results
+    p_value = 1.0 if list(system) == list(reference_system) else other.p_value
     return {"bleu": other.score, "reference_bleu": base.score, "delta": other.score - base.score,
             "bleu_mean": other.mean, "bleu_ci95": other.ci, "reference_bleu_mean": base.mean,
-            "reference_bleu_ci95": base.ci, "p_value": other.p_value,
-            "significant": bool(other.p_value < ALPHA and other.score != base.score),
+            "reference_bleu_ci95": base.ci, "p_value": p_value,
+            "significant": bool(p_value < ALPHA and other.score != base.score),
             "resamples": resamples, "seed": seed, "signature": str(signatures[name])}
