@@ -164,3 +164,38 @@ def test_ctrl_c_in_a_training_with_two_workers_is_one_line(tmp_path, data_root):
     assert proc.returncode == -signal.SIGINT and "Traceback" not in out + err, err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("hprune train:")]
     assert len(said) == 1 and "Ctrl-C" in said[0], err[-2000:]
+
+
+def test_a_full_disk_while_writing_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """ENOSPC, or torch's zip writer's RuntimeError (which hides the errno) with the disk all but full: one line
+    naming the file and the fix, no half-written file; a RuntimeError with room left is not taken for it."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    import torch
+
+    from hprune import files
+    from hprune.backend.training import save_checkpoint_atomic
+    from hprune.errors import UserError
+
+    def full(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(UserError, match=r"^the disk is full while writing metrics.json in .*; free space"):
+        with files.replaced_atomically(tmp_path / "metrics.json") as tmp:
+            full(tmp)
+    assert list(tmp_path.iterdir()) == []
+
+    def torch_save(state, path):  # as torch.save fails on a full disk: part of the zip written, then its check
+        Path(path).write_bytes(b"PK half a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 906161344 vs 906161232")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(torch, "save", torch_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(100 << 30, (100 << 30) - 4096, 4096))
+    with pytest.raises(UserError, match="the disk is full while writing checkpoint_pruned.pt"):
+        save_checkpoint_atomic({"model": {}}, tmp_path / "checkpoints" / "checkpoint_pruned.pt")
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(100 << 30, 0, 100 << 30))
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # room left: another failure, reported as it is
+        save_checkpoint_atomic({"model": {}}, tmp_path / "checkpoints" / "checkpoint_pruned.pt")

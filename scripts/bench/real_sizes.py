@@ -256,12 +256,12 @@ def checks(spec: dict) -> list:
 
 
 def run_verbs(name: str, spec: dict, ckpt: Path, languages, data: Path, work: Path, verbs: list[str],
-              device: str) -> dict:
+              device: str, keep) -> None:
+    """Each verb measured in a process of its own, its row given to keep(verb, row) as soon as it ends."""
     common = settings(data, languages, device, spec["family"] == "fairseq")
     env = {"HPRUNE_DATA_ROOT": str(work / "data-bin"), "OMP_NUM_THREADS": str(THREADS)}
     cli = [str(BIN / "hprune")]
     base = [f"ckpt={ckpt}", *overrides(common)]
-    rows = {}
     latency = dict(compute_type="int8", device=device, threads=THREADS, beam=BEAM, sentences=SENTENCES, length=LENGTH)
     for verb in verbs:
         out = work / "runs" / verb
@@ -300,9 +300,8 @@ def run_verbs(name: str, spec: dict, ckpt: Path, languages, data: Path, work: Pa
             row["tflop"] = round(json.loads(flops.read_text())["flops"] / 1e12, 2)
         if "failed" not in row and "refused" not in row:
             row.update(details(verb, out, log))
-        rows[verb] = row
+        keep(verb, row)
         print(f"    {name:<24} {verb:<8} {describe(row)}", flush=True)
-    return rows
 
 
 def details(verb: str, out: Path, log: Path) -> dict:
@@ -383,8 +382,8 @@ def main() -> None:
     parser.add_argument("--verbs", default=",".join(VERBS))
     parser.add_argument("--keep", help="build the models here and keep them (else a temporary folder)")
     parser.add_argument("--out", default="outputs/bench/real_sizes",
-                        help="results.json, table.md and cost.png; a model measured there already is not measured "
-                             "again (an interrupted bench resumes)")
+                        help="results.json (written after each verb), table.md and cost.png; a verb measured there "
+                             "already is not measured again (an interrupted bench resumes)")
     parser.add_argument("--again", action="store_true", help="measure the models named even when out holds them")
     parser.add_argument("--device", default="cpu", help="cuda: hprune's verbs and CTranslate2's latency on the GPU")
     args = parser.parse_args()
@@ -424,17 +423,19 @@ def main() -> None:
                 continue
             print(f"  {name}: {parameters / 1e6:.0f} M parameters, built in {time.perf_counter() - started:.0f} s",
                   flush=True)
-            rows = {**done, "parameters": parameters}
+            results[name] = rows = {**done, "parameters": parameters}
+
+            def keep(verb: str, row: dict) -> None:  # saved verb by verb: a bench stopped midway keeps what it measured
+                rows[verb] = row
+                saved.write_text(json.dumps(results, indent=1, default=str))
             if "import" in todo:
                 code = ("import sys; from pathlib import Path; from hprune.backend import import_hf; "
                         "import_hf(Path(sys.argv[1]), Path(sys.argv[2]))")
-                rows["import"] = measured([sys.executable, "-c", code, str(source), str(work / "data-bin" / "models")],
-                                          work / "import.log")
+                keep("import", measured([sys.executable, "-c", code, str(source), str(work / "data-bin" / "models")],
+                                        work / "import.log"))
                 print(f"    {name:<24} {'import':<8} {describe(rows['import'])}", flush=True)
             if not spec.get("import_only"):
-                rows.update(run_verbs(name, spec, source, languages, data, work, todo, args.device))
-            results[name] = rows
-        saved.write_text(json.dumps(results, indent=1, default=str))
+                run_verbs(name, spec, source, languages, data, work, todo, args.device, keep)
     (out / "table.md").write_text(table(results) + "\n")
     plot(results, out / "cost.png")
     print(table(results))

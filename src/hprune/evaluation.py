@@ -9,10 +9,11 @@ costs, under explicit settings (`Measure`, from a verb's config: configs/measure
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -193,6 +194,14 @@ class Evaluator:
         if self._unit_costs is None:
             self._unit_costs = unit_costs(self.session.model, self.lengths())
         return self._unit_costs
+
+    @contextlib.contextmanager
+    def parked(self, folder: Path) -> Iterator[None]:
+        """The session's weights parked in `folder` for the block (Session.parked), once what this evaluator's
+        metrics take from them has been counted: the units' MACs (the parameter count: the session keeps it)."""
+        self.unit_costs()
+        with self.session.parked(folder):
+            yield
 
     def attention_macs_pct(self, mask: Mask, types) -> float:
         """Attention MACs per target token of the sublayers of `types` under `mask`, as a percentage of those

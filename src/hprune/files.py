@@ -25,8 +25,27 @@ def replaced_atomically(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        if disk_full(err, path.parent):
+            raise UserError(f"the disk is full while writing {path.name} in {path.parent}; free space or write the "
+                            "run to a larger disk (hydra.run.dir=...; nothing half-written was kept)") from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether a failed write failed for want of space: ENOSPC, or torch's zip writer's RuntimeError ("unexpected
+    pos", "failed writing file"), which hides the errno, with the disk all but full when it is raised."""
+    if isinstance(err, OSError):
+        return err.errno == errno.ENOSPC
+    try:
+        return shutil.disk_usage(folder).free < FULL_BELOW
+    except OSError:
+        return False
+
+
+FULL_BELOW = 64 << 20  # bytes free: a write that failed with less than this left failed for want of space
 
 
 def write_atomic(path: str | Path, text: str) -> Path:

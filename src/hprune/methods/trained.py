@@ -35,9 +35,8 @@ def train(start: Evaluator, cfg: DictConfig, options: list, out: Path, label: st
     if plugins:  # a mechanism registered outside hprune: the checkpoint records where it comes from
         options = options + ["--plugin-modules", ",".join(plugins)]
     argv = continue_training_argv(start.session, save, cfg.seed, "hprune", options + backend.flags(cfg.prune.optim))
-    start.unit_costs()
     started = time.perf_counter()
-    with start.session.parked(out):  # the trainer's model beside it, not a second copy of the weights
+    with start.parked(out):  # the trainer's model beside it, not a second copy of the weights
         backend.train(argv, script=out / "fairseq-train.sh", label=label, distributed=cfg.get("distributed"))
         seconds = round(time.perf_counter() - started, 3)
         yield start.reopen(RunDir(out).checkpoint(LAST)), seconds
